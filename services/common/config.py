@@ -1,0 +1,548 @@
+"""One YAML -> typed, frozen dataclasses, validated once at load.
+
+Sections and keys follow MindSpeed-RL (`megatron_training`, `rl_config`, `generate_config` with
+`sampling_config`), plus the service sections of dockrl (`rollout`, `reward`, `trainer`, `dock`,
+`auth`, `init_model`). Every error is collected and reported at once with the key's full path,
+the bad value and what would be accepted.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny_cpu.yaml"
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; `errors` lists every problem as 'path: message'."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__("invalid config:\n  " + "\n  ".join(self.errors))
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """vLLM sampling parameters used for rollout (generate_config.sampling_config)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 disables top-k
+    min_p: float = 0.0
+    max_tokens: int = 2048  # response budget; must equal rl_config.rollout_max_tokens
+    logprobs: int = 1  # 1 returns the sampled token's logprob (the trainer needs it)
+    n: int = 1  # completions per request; the dock worker asks n_samples_per_prompt
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    detokenize: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """The rollout engine (vLLM) settings."""
+
+    infer_tensor_parallel_size: int = 1
+    infer_pipeline_parallel_size: int = 1
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = False
+    dtype: str = "bfloat16"  # float32 | bfloat16 | float16
+    trust_remote_code: bool = False
+    seed: int = 1234
+    cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass(frozen=True)
+class ActorResource:
+    """Processes (GPUs / NPUs / CPU ranks) the actor trains on."""
+
+    num_npus: int = 1
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Algorithm settings (rl_config), with MindSpeed-RL's names and defaults."""
+
+    n_samples_per_prompt: int = 1
+    max_prompt_length: int = 2048
+    adv_estimator: str = "group_norm"  # group_norm | gae
+    kl_penalty: str = "low_var_kl"  # kl (k1) | abs | mse | low_var_kl
+    kl_ctrl_type: str = "fixed"
+    init_kl_coef: float = 0.001
+    use_kl_in_reward: bool = False
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_ratio: float = 0.2
+    clip_higher_enable: bool = False
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
+    token_level_loss: bool = True
+    entropy_coeff: float = 0.0
+    cliprange_value: float = 0.5
+    mini_batch_size: int | None = None  # samples per update; default GBS * n
+    epochs: int = 1
+    shuffle_mini_batch: bool = False
+    guarantee_order: bool = False
+    partial_rollout_max_split: int = 1
+    require_max_age_all_finished: bool = True
+    rollout_max_tokens: int = 2048
+    overlong_buffer_enable: bool = False
+    overlong_buffer: int = 0
+    overlong_buffer_penalty_factor: float = 1.0
+    filter_groups_enable: bool = False
+    filter_groups_metric: str = "acc"
+    filter_groups_max_batches: int = 10
+    verifier_function: tuple[str, ...] = ("base_acc",)
+    verifier_weight: tuple[float, ...] = (1.0,)
+    verifier_parallel: int = 1
+    verifier_timeout: float = 30.0
+    use_remove_padding: bool = False
+    use_dynamic_bsz: bool = False
+    max_packing_token_size: int = 4096
+    max_staleness: int = 0  # AReaL's eta: 0 is synchronous
+    use_tensorboard: bool = True
+    actor_resource: ActorResource = field(default_factory=ActorResource)
+    # Derived at load as MindSpeed-RL derives them when left unset.
+    actor_rollout_dispatch_size: int | None = None
+    actor_logprob_dispatch_size: int | None = None
+    ref_dispatch_size: int | None = None
+    adv_dispatch_size: int | None = None
+    actor_update_dispatch_size: int | None = None
+    reward_dispatch_size: int | None = None
+
+
+@dataclass(frozen=True)
+class MegatronTrainingConfig:
+    """The trainer's model, data and optimiser settings (megatron_training)."""
+
+    model: str = "model"  # a name for logs
+    tokenizer_name_or_path: str = ""
+    load: str = ""  # Hugging Face checkpoint the run starts from
+    save: str = ""  # checkpoint directory
+    data_path: str = ""  # preprocessed prompts (dockrl data preprocess)
+    global_batch_size: int = 1  # prompts per iteration
+    micro_batch_size: int = 1
+    seq_length: int = 4096
+    train_iters: int = 1
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    lr_decay_style: str = "constant"  # constant | linear | cosine
+    lr_warmup_fraction: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    bf16: bool = False
+    save_interval: int = 0  # 0: only at the end
+    seed: int = 1234
+    distributed_backend: str = "auto"  # auto | gloo | nccl | hccl
+
+
+@dataclass(frozen=True)
+class RolloutServiceConfig:
+    """Where rollout replicas listen and how much they queue."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 50051
+    http_port: int = 8000
+    replicas: int = 1
+    max_queue: int = 256  # requests waiting or running; past it 429 / RESOURCE_EXHAUSTED
+    served_model_name: str = ""  # default: the model directory's name
+    heartbeat_ttl_s: float = 10.0
+    omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU
+
+
+@dataclass(frozen=True)
+class RewardServiceConfig:
+    """Where reward replicas listen."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 50061
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class TrainerServiceConfig:
+    """The trainer's control port, weight push and logs."""
+
+    host: str = "127.0.0.1"
+    grpc_port: int = 50071
+    bucket_mb: int = 64
+    push_mode: str = "fanout"  # fanout | chain
+    log_dir: str = "runs/default"
+    eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
+
+
+@dataclass(frozen=True)
+class DockConfig:
+    """The Redis-backed data dock."""
+
+    redis_url: str = ""  # empty: `dockrl up` starts a local redis-server
+    prefix: str = "dockrl"
+    run_id: str = "default"
+    lease_seconds: float = 120.0
+    durability: bool = False  # ask Redis for AOF with appendfsync everysec
+    redis_password: str = ""
+    redis_tls: bool = False
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Shared bearer token for calls that change weights or data; empty disables the check."""
+
+    token: str = ""
+    token_env: str = "DOCKRL_TOKEN"  # read when `token` is empty
+
+
+@dataclass(frozen=True)
+class InitModelConfig:
+    """A tiny Qwen2-layout model built locally (`dockrl init-model`)."""
+
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run."""
+
+    megatron_training: MegatronTrainingConfig = field(default_factory=MegatronTrainingConfig)
+    rl_config: RLConfig = field(default_factory=RLConfig)
+    generate_config: GenerateConfig = field(default_factory=GenerateConfig)
+    rollout: RolloutServiceConfig = field(default_factory=RolloutServiceConfig)
+    reward: RewardServiceConfig = field(default_factory=RewardServiceConfig)
+    trainer: TrainerServiceConfig = field(default_factory=TrainerServiceConfig)
+    dock: DockConfig = field(default_factory=DockConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    init_model: InitModelConfig | None = None
+
+    @property
+    def samples_per_iteration(self) -> int:
+        """GBS * n: rows the dock holds for one iteration."""
+        return self.megatron_training.global_batch_size * self.rl_config.n_samples_per_prompt
+
+    @property
+    def actor_data_parallel_size(self) -> int:
+        mt = self.megatron_training
+        return max(1, self.rl_config.actor_resource.num_npus // (mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size))
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is tuple:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
+    """Checks `value` against the annotation `tp`; returns the converted value."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], path, errors)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            errors.append(f"{path}: expected a mapping (section), got {type(value).__name__} {value!r}")
+            return tp()
+        return _build(tp, value, path, errors)
+    if origin is tuple:
+        if isinstance(value, (str, int, float)):
+            value = [value]
+        if not isinstance(value, list):
+            errors.append(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            return ()
+        elem = typing.get_args(tp)[0]
+        return tuple(_coerce(v, elem, f"{path}[{i}]", errors) for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            errors.append(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            errors.append(f"{path}: expected an integer, got {type(value).__name__} {value!r}")
+        return value
+    if tp is float:
+        # YAML 1.1 reads `1e-6` (no dot) as a string; accept it as the number it spells.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            errors.append(f"{path}: expected a number, got {type(value).__name__} {value!r}")
+            return value
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            errors.append(f"{path}: expected a string, got {type(value).__name__} {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} at {path}")
+
+
+def _build(cls: type, data: dict, path: str, errors: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            errors.append(f"{full}: unknown key (known keys of {path or 'the top level'}: {', '.join(sorted(names))})")
+            continue
+        kwargs[key] = _coerce(value, hints[key], full, errors)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # only reachable through a wrong type already reported
+        errors.append(f"{path}: {exc}")
+        return cls()
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _check_choice(errors: list[str], path: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        errors.append(f"{path}: {value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(errors: list[str], path: str, value: int | float | None, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        errors.append(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def _derive_dispatch_sizes(cfg: Config, errors: list[str]) -> Config:
+    """Fills unset *_dispatch_size keys as MindSpeed-RL does: GBS * n / data-parallel size."""
+    rl = cfg.rl_config
+    total = cfg.samples_per_iteration
+    actor_dp = cfg.actor_data_parallel_size
+    rollout_dp = cfg.rollout.replicas
+    n = rl.n_samples_per_prompt
+    derived = {
+        "actor_rollout_dispatch_size": (rl.actor_rollout_dispatch_size, rollout_dp),
+        "actor_logprob_dispatch_size": (rl.actor_logprob_dispatch_size, actor_dp),
+        "ref_dispatch_size": (rl.ref_dispatch_size, actor_dp),
+        "actor_update_dispatch_size": (rl.actor_update_dispatch_size, actor_dp),
+        "adv_dispatch_size": (rl.adv_dispatch_size, 1),
+        "reward_dispatch_size": (rl.reward_dispatch_size, 1),
+    }
+    values = {}
+    for key, (given, dp) in derived.items():
+        if given is None:
+            if total % dp:
+                errors.append(
+                    f"rl_config.{key}: global_batch_size * n_samples_per_prompt = {total} is not divisible "
+                    f"by the data-parallel size {dp}; set {key} explicitly"
+                )
+                given = max(n, total // dp)
+            else:
+                given = total // dp
+        values[key] = given
+        _check_positive(errors, f"rl_config.{key}", given)
+        if given and given % n:
+            errors.append(f"rl_config.{key}: {given} is not a multiple of n_samples_per_prompt={n} (groups travel whole)")
+    if rl.mini_batch_size is None:
+        values["mini_batch_size"] = total
+    return dataclasses.replace(cfg, rl_config=dataclasses.replace(rl, **values))
+
+
+def _validate(cfg: Config, errors: list[str]) -> None:
+    mt, rl, gen, smp = cfg.megatron_training, cfg.rl_config, cfg.generate_config, cfg.generate_config.sampling_config
+    for path, value in [
+        ("megatron_training.global_batch_size", mt.global_batch_size),
+        ("megatron_training.micro_batch_size", mt.micro_batch_size),
+        ("megatron_training.seq_length", mt.seq_length),
+        ("megatron_training.train_iters", mt.train_iters),
+        ("megatron_training.tensor_model_parallel_size", mt.tensor_model_parallel_size),
+        ("megatron_training.pipeline_model_parallel_size", mt.pipeline_model_parallel_size),
+        ("rl_config.n_samples_per_prompt", rl.n_samples_per_prompt),
+        ("rl_config.epochs", rl.epochs),
+        ("rl_config.partial_rollout_max_split", rl.partial_rollout_max_split),
+        ("rl_config.rollout_max_tokens", rl.rollout_max_tokens),
+        ("rl_config.verifier_parallel", rl.verifier_parallel),
+        ("rl_config.verifier_timeout", rl.verifier_timeout),
+        ("rl_config.actor_resource.num_npus", rl.actor_resource.num_npus),
+        ("generate_config.max_model_len", gen.max_model_len),
+        ("generate_config.max_num_seqs", gen.max_num_seqs),
+        ("generate_config.sampling_config.max_tokens", smp.max_tokens),
+        ("generate_config.sampling_config.n", smp.n),
+        ("rollout.replicas", cfg.rollout.replicas),
+        ("rollout.max_queue", cfg.rollout.max_queue),
+        ("reward.replicas", cfg.reward.replicas),
+        ("trainer.bucket_mb", cfg.trainer.bucket_mb),
+        ("dock.lease_seconds", cfg.dock.lease_seconds),
+    ]:
+        _check_positive(errors, path, value)
+    for path, value in [
+        ("megatron_training.lr", mt.lr),
+        ("megatron_training.weight_decay", mt.weight_decay),
+        ("megatron_training.clip_grad", mt.clip_grad),
+        ("rl_config.entropy_coeff", rl.entropy_coeff),
+        ("rl_config.init_kl_coef", rl.init_kl_coef),
+        ("rl_config.overlong_buffer", rl.overlong_buffer),
+        ("rl_config.max_staleness", rl.max_staleness),
+        ("generate_config.sampling_config.temperature", smp.temperature),
+        ("generate_config.sampling_config.logprobs", smp.logprobs),
+    ]:
+        _check_positive(errors, path, value, allow_zero=True)
+    if not 0 < smp.top_p <= 1:
+        errors.append(f"generate_config.sampling_config.top_p: must be in (0, 1], got {smp.top_p!r}")
+    if not 0 <= smp.min_p <= 1:
+        errors.append(f"generate_config.sampling_config.min_p: must be in [0, 1], got {smp.min_p!r}")
+    if smp.top_k == 0 or smp.top_k < -1:
+        errors.append(f"generate_config.sampling_config.top_k: must be -1 (off) or >= 1, got {smp.top_k!r}")
+    if not 0 < gen.gpu_memory_utilization <= 1:
+        errors.append(f"generate_config.gpu_memory_utilization: must be in (0, 1], got {gen.gpu_memory_utilization!r}")
+    _check_choice(errors, "generate_config.dtype", gen.dtype, ("float32", "bfloat16", "float16"))
+    _check_choice(errors, "rl_config.adv_estimator", rl.adv_estimator, ("group_norm", "gae"))
+    _check_choice(errors, "rl_config.kl_penalty", rl.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
+    _check_choice(errors, "rl_config.kl_ctrl_type", rl.kl_ctrl_type, ("fixed",))
+    _check_choice(errors, "megatron_training.lr_decay_style", mt.lr_decay_style, ("constant", "linear", "cosine"))
+    _check_choice(errors, "megatron_training.distributed_backend", mt.distributed_backend, ("auto", "gloo", "nccl", "hccl"))
+    _check_choice(errors, "trainer.push_mode", cfg.trainer.push_mode, ("fanout", "chain"))
+    if not 0 <= rl.clip_ratio < 1:
+        errors.append(f"rl_config.clip_ratio: must be in [0, 1), got {rl.clip_ratio!r}")
+    if rl.clip_ratio_c <= 1:
+        errors.append(f"rl_config.clip_ratio_c: the dual-clip bound must be > 1, got {rl.clip_ratio_c!r}")
+    if rl.rollout_max_tokens != smp.max_tokens:
+        errors.append(
+            f"rl_config.rollout_max_tokens: {rl.rollout_max_tokens} != generate_config.sampling_config.max_tokens "
+            f"{smp.max_tokens}; the overlong penalty and the rollout budget must agree (set both to one value)"
+        )
+    if rl.max_prompt_length + smp.max_tokens > gen.max_model_len:
+        errors.append(
+            f"generate_config.max_model_len: {gen.max_model_len} < rl_config.max_prompt_length + "
+            f"sampling_config.max_tokens = {rl.max_prompt_length + smp.max_tokens}"
+        )
+    if rl.guarantee_order and rl.partial_rollout_max_split > 1:
+        errors.append(
+            "rl_config.guarantee_order: cannot be true with partial_rollout_max_split > 1 "
+            "(partial rollout serves the oldest groups first, which reorders rows)"
+        )
+    if rl.partial_rollout_max_split > 1 and smp.max_tokens % rl.partial_rollout_max_split:
+        errors.append(
+            f"rl_config.partial_rollout_max_split: {rl.partial_rollout_max_split} does not divide "
+            f"sampling_config.max_tokens {smp.max_tokens}"
+        )
+    if len(rl.verifier_function) != len(rl.verifier_weight):
+        errors.append(
+            f"rl_config.verifier_weight: {len(rl.verifier_weight)} weights for "
+            f"{len(rl.verifier_function)} verifier_function entries; give one weight per verifier"
+        )
+    if rl.overlong_buffer_enable and not 0 < rl.overlong_buffer < rl.rollout_max_tokens:
+        errors.append(
+            f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "
+            f"when overlong_buffer_enable is true, got {rl.overlong_buffer}"
+        )
+    if rl.clip_higher_enable and rl.clip_ratio_high < rl.clip_ratio_low:
+        errors.append(f"rl_config.clip_ratio_high: {rl.clip_ratio_high} < clip_ratio_low {rl.clip_ratio_low}")
+    if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
+        errors.append("rl_config.n_samples_per_prompt: group_norm advantages need at least 2 samples per prompt")
+    mp = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size
+    if rl.actor_resource.num_npus % mp:
+        errors.append(
+            f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus} is not a multiple of "
+            f"tensor_model_parallel_size * pipeline_model_parallel_size = {mp}"
+        )
+    if rl.mini_batch_size is not None:
+        total = cfg.samples_per_iteration
+        if rl.mini_batch_size <= 0 or total % rl.mini_batch_size:
+            errors.append(
+                f"rl_config.mini_batch_size: {rl.mini_batch_size} must divide global_batch_size * "
+                f"n_samples_per_prompt = {total}"
+            )
+        elif rl.mini_batch_size % (mt.micro_batch_size * cfg.actor_data_parallel_size):
+            errors.append(
+                f"rl_config.mini_batch_size: {rl.mini_batch_size} is not a multiple of micro_batch_size * "
+                f"data-parallel size = {mt.micro_batch_size * cfg.actor_data_parallel_size}"
+            )
+    for svc in ("rollout", "reward", "trainer"):
+        for port_key in ("grpc_port", "http_port"):
+            port = getattr(getattr(cfg, svc), port_key, None)
+            if port is not None and not 0 < port < 65536:
+                errors.append(f"{svc}.{port_key}: {port} is not a TCP port (1-65535)")
+
+
+# ---------------------------------------------------------------- public API
+
+
+def _apply_override(data: dict, override: str) -> None:
+    key, sep, raw = override.partition("=")
+    if not sep or not key:
+        raise ConfigError([f"--set {override!r}: expected section.key=value"])
+    node = data
+    parts = key.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError([f"{key}: {part} is not a section"])
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def config_from_dict(data: dict, overrides: typing.Sequence[str] = ()) -> Config:
+    """Builds and validates a Config from a parsed YAML mapping plus `section.key=value` overrides."""
+    data = dict(data or {})
+    for override in overrides:
+        _apply_override(data, override)
+    errors: list[str] = []
+    cfg = _build(Config, data, "", errors)
+    if not errors:
+        cfg = _derive_dispatch_sizes(cfg, errors)
+        _validate(cfg, errors)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Loads a YAML config file (default: the embedded tiny CPU config)."""
+    path = pathlib.Path(path) if path else DEFAULT_CONFIG
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: no such config file"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping of sections"])
+    return config_from_dict(data or {}, overrides)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """The config as plain data (for logs and for passing to child processes as YAML)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return plain(dataclasses.asdict(cfg))
