@@ -8,6 +8,7 @@ the bad value and what would be accepted.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import pathlib
 import types
 import typing
@@ -315,7 +316,9 @@ def _build(cls: type, data: dict, path: str, errors: list[str]) -> Any:
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in names:
-            errors.append(f"{full}: unknown key (known keys of {path or 'the top level'}: {', '.join(sorted(names))})")
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(names))}"
+            errors.append(f"{full}: unknown key ({hint})")
             continue
         kwargs[key] = _coerce(value, hints[key], full, errors)
     try:
@@ -506,6 +509,17 @@ def _apply_override(data: dict, override: str) -> None:
         if not isinstance(node, dict):
             raise ConfigError([f"{key}: {part} is not a section"])
     node[parts[-1]] = yaml.safe_load(raw)
+
+
+def parse_dataclass(cls: type, data: dict, path: str = ""):
+    """Builds any config dataclass from a mapping with the same checks as the run config."""
+    errors: list[str] = []
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}"])
+    value = _build(cls, data, path, errors)
+    if errors:
+        raise ConfigError(errors)
+    return value
 
 
 def config_from_dict(data: dict, overrides: typing.Sequence[str] = ()) -> Config:
