@@ -59,3 +59,8 @@ def test_config_check_reports_key(tmp_path):
     bad.write_text("rl_config:\n  clip_ratio: wide\n")
     out = subprocess.run([sys.executable, "-m", "services", "config", "check", "--config", str(bad)], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "rl_config.clip_ratio: expected a number" in out.stderr
+
+
+def test_config_reference_is_current():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_config_docs.py"), "--check"])
+    assert out.returncode == 0, "docs/config.md is out of date: run `python scripts/gen_config_docs.py`"
