@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import pathlib
 import types
 import typing
@@ -537,8 +538,27 @@ def config_from_dict(data: dict, overrides: typing.Sequence[str] = ()) -> Config
     return cfg
 
 
+ENV_PREFIX = "DOCKRL__"
+
+
+def env_overrides(environ: typing.Mapping[str, str] | None = None) -> list[str]:
+    """`DOCKRL__SECTION__KEY=value` environment variables as `section.key=value` overrides.
+
+    Containers configure services this way (compose, Kubernetes); sections nest with `__`.
+    """
+    environ = os.environ if environ is None else environ
+    return [
+        f"{name[len(ENV_PREFIX):].lower().replace('__', '.')}={value}"
+        for name, value in sorted(environ.items())
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX)
+    ]
+
+
 def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Loads a YAML config file (default: the embedded tiny CPU config)."""
+    """Loads a YAML config file (default: the embedded tiny CPU config).
+
+    Precedence: the file, then `DOCKRL__SECTION__KEY` environment variables, then `overrides`.
+    """
     path = pathlib.Path(path) if path else DEFAULT_CONFIG
     try:
         data = yaml.safe_load(path.read_text())
@@ -548,7 +568,7 @@ def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequen
         raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections"])
-    return config_from_dict(data or {}, overrides)
+    return config_from_dict(data or {}, [*env_overrides(), *overrides])
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -101,3 +101,14 @@ def test_overrides_and_file_errors(tmp_path):
     bad.write_text("rl_config: [1, 2")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("DOCKRL__DOCK__REDIS_URL", "redis://redis:6379/0")
+    monkeypatch.setenv("DOCKRL__GENERATE_CONFIG__SAMPLING_CONFIG__TOP_K", "5")
+    cfg = load_config(None, ["generate_config.sampling_config.top_k=7"])
+    assert cfg.dock.redis_url == "redis://redis:6379/0"
+    assert cfg.generate_config.sampling_config.top_k == 7  # --set wins over the environment
+    monkeypatch.setenv("DOCKRL__DOCK__LEASE_SECOND", "3")
+    with pytest.raises(ConfigError, match=r"dock\.lease_second: unknown key \(did you mean 'lease_seconds'\?\)"):
+        load_config(None)
