@@ -37,15 +37,16 @@ def _cmd_init_model(args: argparse.Namespace) -> int:
     if not out:
         print("init-model: give --out or set megatron_training.load", file=sys.stderr)
         return 2
-    path = build_tiny_model(out, init, prompt_type=args.prompt_type)
+    path = build_tiny_model(out, init, prompt_type=args.prompt_type or init.prompt_type)
     print(f"tiny model written to {path}")
     return 0
 
 
 def _cmd_data_make_arithmetic(args: argparse.Namespace) -> int:
-    from services.common.arithmetic_data import ArithmeticSpec, write_arithmetic_dataset
+    from services.common.config import ArithmeticConfig
+    from services.common.arithmetic_data import write_arithmetic_dataset
 
-    spec = ArithmeticSpec(max_operand=args.max_operand, ops=tuple(args.ops), test_fraction=args.test_fraction, seed=args.seed)
+    spec = ArithmeticConfig(max_operand=args.max_operand, ops=tuple(args.ops), test_fraction=args.test_fraction, seed=args.seed)
     train, test = write_arithmetic_dataset(args.out, spec)
     print(f"wrote {train} and {test}")
     return 0
@@ -99,7 +100,7 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
     _add_config_args(p)
     p.add_argument("--out", help="output directory (default: megatron_training.load)")
     p.add_argument("--seed", type=int, default=None, help="init seed (default: init_model.seed)")
-    p.add_argument("--prompt-type", default="qwen", help="chat template stored with the tokenizer (configs/model/templates.json)")
+    p.add_argument("--prompt-type", default=None, help="chat template stored with the tokenizer (default: init_model.prompt_type)")
     p.set_defaults(func=_cmd_init_model)
 
     data = sub.add_parser("data", help="datasets: preprocess, or generate the arithmetic demo data")

@@ -4,17 +4,8 @@ from __future__ import annotations
 import json
 import pathlib
 import random
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class ArithmeticSpec:
-    """Which problems to generate: `a op b` with operands in [0, max_operand]."""
-
-    max_operand: int = 9
-    ops: tuple[str, ...] = ("+",)
-    test_fraction: float = 0.2
-    seed: int = 0
+from services.common.config import ArithmeticConfig
 
 
 def _answer(a: int, op: str, b: int) -> int:
@@ -27,7 +18,7 @@ def _answer(a: int, op: str, b: int) -> int:
     raise ValueError(f"ops: {op!r} is not one of +, -, *")
 
 
-def arithmetic_problems(spec: ArithmeticSpec) -> tuple[list[dict], list[dict]]:
+def arithmetic_problems(spec: ArithmeticConfig) -> tuple[list[dict], list[dict]]:
     """Every problem of `spec`, split into (train, held-out test) with disjoint operand pairs."""
     problems = [
         {"problem": f"{a}{op}{b}=", "answer": str(_answer(a, op, b))}
@@ -40,7 +31,7 @@ def arithmetic_problems(spec: ArithmeticSpec) -> tuple[list[dict], list[dict]]:
     return problems[n_test:], problems[:n_test]
 
 
-def write_arithmetic_dataset(out_dir: str | pathlib.Path, spec: ArithmeticSpec = ArithmeticSpec()) -> tuple[pathlib.Path, pathlib.Path]:
+def write_arithmetic_dataset(out_dir: str | pathlib.Path, spec: ArithmeticConfig = ArithmeticConfig()) -> tuple[pathlib.Path, pathlib.Path]:
     """Writes train.jsonl and test.jsonl under `out_dir`; returns their paths."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -187,6 +187,7 @@ class TrainerServiceConfig:
     bucket_mb: int = 64  # weight-push bucket size in MiB
     push_mode: str = "fanout"  # fanout | chain
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
+    eval_data_path: str = ""  # preprocessed held-out prompts; empty: no evaluation
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
 
 
@@ -223,6 +224,20 @@ class InitModelConfig:
     max_position_embeddings: int = 512  # RoPE positions
     tie_word_embeddings: bool = False  # share input embedding and output layer
     seed: int = 0  # random seed
+    prompt_type: str = "empty"  # chat template stored with the tokenizer
+    warm_start_accuracy: float = 0.0  # SFT until this greedy train accuracy; 0 skips the warm start
+    warm_start_max_steps: int = 2000  # SFT step limit
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """The generated arithmetic dataset of the demo (`a op b=` -> `\\boxed{answer}`)."""
+
+    out_dir: str = "runs/data"  # raw train.jsonl / test.jsonl land here
+    max_operand: int = 9  # operands in [0, max_operand]
+    ops: tuple[str, ...] = ("+",)  # operators: + - *
+    test_fraction: float = 0.2  # share of problems held out for evaluation
+    seed: int = 0  # shuffle seed
 
 
 @dataclass(frozen=True)
@@ -238,6 +253,7 @@ class Config:
     dock: DockConfig = field(default_factory=DockConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     init_model: InitModelConfig | None = None
+    arithmetic: ArithmeticConfig | None = None
 
     @property
     def samples_per_iteration(self) -> int:

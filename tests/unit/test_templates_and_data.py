@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from services.common.arithmetic_data import ArithmeticSpec, arithmetic_problems, write_arithmetic_dataset
+from services.common.config import ArithmeticConfig
+from services.common.arithmetic_data import arithmetic_problems, write_arithmetic_dataset
 from services.common.preprocess import PreprocessConfig, load_prompts, preprocess
 from services.common.templates import load_templates, render_prompt
 
@@ -28,7 +29,7 @@ def test_unknown_prompt_type_is_named():
 
 
 def test_arithmetic_split_is_disjoint_and_deterministic():
-    spec = ArithmeticSpec(max_operand=9, ops=("+", "-"), seed=3)
+    spec = ArithmeticConfig(max_operand=9, ops=("+", "-"), seed=3)
     train, test = arithmetic_problems(spec)
     assert len(train) + len(test) == 200
     assert not {p["problem"] for p in train} & {p["problem"] for p in test}
@@ -38,7 +39,7 @@ def test_arithmetic_split_is_disjoint_and_deterministic():
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_preprocess_tokenizes_and_filters(tmp_path, tiny_model_dir, workers):
-    train, _ = write_arithmetic_dataset(tmp_path / "raw", ArithmeticSpec(max_operand=4))
+    train, _ = write_arithmetic_dataset(tmp_path / "raw", ArithmeticConfig(max_operand=4))
     cfg = PreprocessConfig(input=str(train), tokenizer_name_or_path=str(tiny_model_dir), output_prefix=str(tmp_path / "out/train"),
                            prompt_type="qwen", workers=workers, seq_length=0)
     kept = preprocess(cfg, progress=False)
