@@ -72,3 +72,27 @@ def redis_url(tmp_path_factory):
     proc, url = start_redis_server(tmp_path_factory.mktemp("redis"))
     yield url
     stop_redis_server(proc)
+
+
+@pytest.fixture
+def dock_factory(redis_url):
+    """Makes Docks with a created layout under a unique prefix; deletes every key they made afterwards."""
+    import uuid
+
+    import redis
+
+    from services.dock.client import Dock
+
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+
+    def make(layout=None, run_id: str = "run", token: str = "", lease_seconds: float = 30.0) -> Dock:
+        dock = Dock(client, prefix, run_id, token, lease_seconds, poll_s=0.01)
+        if layout is not None:
+            dock.create(layout)
+        return dock
+
+    yield make
+    for key in client.scan_iter(f"{prefix}:*", count=1000):
+        client.delete(key)
+    client.close()
