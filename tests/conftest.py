@@ -33,11 +33,11 @@ def redis_answers(url: str) -> bool:
         return False
 
 
-def start_redis_server(directory: pathlib.Path, *flags: str) -> tuple[subprocess.Popen, str]:
-    """Starts `redis-server` on a free loopback port with data in `directory`; returns it and its URL."""
+def start_redis_server(directory: pathlib.Path, *flags: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Starts `redis-server` on loopback (a free port unless given) with data in `directory`; returns it and its URL."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(directory), *flags],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

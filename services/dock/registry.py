@@ -2,7 +2,7 @@
 
 Keys under the run's base `{prefix}:{run_id}:`:
 
-    replicas            zset   replica id -> registration time (ms), the index of known ids
+    replicas            zset   known replica ids (all score 0, so Redis keeps them sorted by id)
     replica:{id}        hash   address, kind, version, heartbeat_ms; expires ttl after the last heartbeat
 
 A replica registers on start, heartbeats more often than its TTL, and deregisters on shutdown;
@@ -59,7 +59,7 @@ class ReplicaRegistry:
             pipe = self.client.pipeline()
             pipe.hset(self._key(replica_id), mapping={"address": address, "kind": kind, "version": version, "heartbeat_ms": now})
             pipe.pexpire(self._key(replica_id), self._ttl_ms)
-            pipe.zadd(self._index, {replica_id: now})
+            pipe.zadd(self._index, {replica_id: 0})
             pipe.execute()
         return Replica(replica_id, address, kind, version, now)
 
@@ -81,7 +81,7 @@ class ReplicaRegistry:
             pipe.execute()
 
     def live(self, kind: str | None = None) -> list[Replica]:
-        """Replicas whose heartbeat is within the TTL, in registration order (optionally one kind)."""
+        """Replicas whose heartbeat is within the TTL, sorted by id (optionally one kind)."""
         with redis_errors():
             ids = [i.decode() for i in self.client.zrange(self._index, 0, -1)]
             pipe = self.client.pipeline(transaction=False)
