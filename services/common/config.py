@@ -202,6 +202,12 @@ class DockConfig:
     durability: bool = False  # ask Redis for AOF with appendfsync everysec
     redis_password: str = ""  # Redis AUTH password
     redis_tls: bool = False  # connect to Redis over TLS
+    redis_username: str = ""  # Redis ACL user; empty: the default user
+    redis_tls_ca_file: str = ""  # CA bundle that signs the server's certificate (with redis_tls)
+    socket_timeout_s: float = 30.0  # a Redis call that takes longer fails as Unavailable
+    capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout
+    rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
+    claim_poll_s: float = 0.05  # how often a waiting claim asks again
 
 
 @dataclass(frozen=True)
@@ -420,6 +426,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("reward.replicas", cfg.reward.replicas),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
+        ("dock.socket_timeout_s", cfg.dock.socket_timeout_s),
+        ("dock.claim_poll_s", cfg.dock.claim_poll_s),
     ]:
         _check_positive(errors, path, value)
     for path, value in [
@@ -505,6 +513,15 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                 f"rl_config.mini_batch_size: {rl.mini_batch_size} is not a multiple of micro_batch_size * "
                 f"data-parallel size = {mt.micro_batch_size * cfg.actor_data_parallel_size}"
             )
+    if cfg.dock.capacity_groups and cfg.dock.capacity_groups < mt.global_batch_size:
+        errors.append(
+            f"dock.capacity_groups: {cfg.dock.capacity_groups} < megatron_training.global_batch_size "
+            f"{mt.global_batch_size}; the pool must hold one iteration (or 0 for the default)"
+        )
+    _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
+    for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
+        if not value or ":" in value or "*" in value:
+            errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
     for svc in ("rollout", "reward", "trainer"):
         for port_key in ("grpc_port", "http_port"):
             port = getattr(getattr(cfg, svc), port_key, None)

@@ -1,0 +1,73 @@
+"""Durability and credentials on a redis-server this module starts itself (free port, temp dir)."""
+import dataclasses
+import signal
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from services.common.config import Config, DockConfig
+from services.common.errors import Unauthenticated
+from services.dock.client import Dock
+from services.dock.schema import DockLayout
+from tests.conftest import start_redis_server, stop_redis_server
+
+pytestmark = pytest.mark.service
+
+
+def _config(url: str, **dock) -> Config:
+    return dataclasses.replace(Config(), dock=DockConfig(redis_url=url, prefix="dur", run_id="r1", **dock))
+
+
+def _wait_for_aof(client: redis.Redis) -> None:
+    for _ in range(200):
+        info = client.info("persistence")
+        if info["aof_enabled"] and not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"AOF did not settle: {info}")
+
+
+def test_state_survives_a_redis_crash_with_durability_on(tmp_path):
+    proc, url = start_redis_server(tmp_path)  # started with appendonly no
+    try:
+        dock = Dock.from_config(_config(url, durability=True))
+        assert dock.client.config_get("appendonly") == {"appendonly": "yes"}
+        assert dock.client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        _wait_for_aof(dock.client)
+        dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=4))
+        dock.put(list(range(8)), {"prompts": [np.arange(i + 1, dtype=np.int32) for i in range(8)]})
+        claim = dock.claim("actor_rollout", ["prompts"], 4)
+        dock.put(claim.indexes, {"responses": [[9, 9]] * 4}, lease=claim.lease, version=3)
+        held = dock.claim("actor_rollout", ["prompts"], 2)
+        before = dock.stats()
+        time.sleep(1.5)  # appendfsync everysec: everything up to the last fsync is on disk
+        proc.send_signal(signal.SIGKILL)  # a crash: no shutdown save
+        proc.wait()
+    finally:
+        stop_redis_server(proc)
+    # The documented recovery: start redis-server again with --appendonly yes on the same dir.
+    port = redis.Redis.from_url(url).connection_pool.connection_kwargs["port"]
+    proc, url = start_redis_server(tmp_path, "--appendonly", "yes", port=port)
+    try:
+        after = Dock.from_config(_config(url))
+        assert after.stats() == before
+        assert [v.tolist() for v in after.read(range(8), ["prompts"])["prompts"]] == [list(range(i + 1)) for i in range(8)]
+        assert after.client.hget(after.keys.base + "version", 0) == b"3"
+        after.put(held.indexes, {"responses": [[1]] * 2}, lease=held.lease)  # the lease survived too
+        assert after.claim("actor_rollout", ["prompts"], 8).indexes == [6, 7]
+    finally:
+        stop_redis_server(proc)
+
+
+def test_the_client_uses_the_configured_password(tmp_path):
+    proc, url = start_redis_server(tmp_path, "--requirepass", "pw-123")
+    try:
+        with pytest.raises(Unauthenticated, match="redis refused the credentials"):
+            Dock.from_config(_config(url)).stats()
+        dock = Dock.from_config(_config(url, redis_password="pw-123"))
+        dock.create(DockLayout(n_samples_per_prompt=1, capacity_groups=1))
+        assert dock.stats().capacity_rows == 1
+    finally:
+        stop_redis_server(proc)
