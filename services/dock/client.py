@@ -163,11 +163,12 @@ class Dock:
                   "" if version is None else version, int(partial), int(append), len(rows), len(columns), *rows, *encoded)
         return len(rows)
 
-    def claim(self, consumer: str, columns: Sequence[str], count: int, *, group: bool = True,
+    def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
               dp_rank: int | None = None, dp_size: int = 1, partial_columns: Sequence[str] = (),
               min_count: int = 1, timeout_s: float = 0.0) -> Claim | None:
         """Atomically leases up to `count` rows whose `columns` are final and that `consumer` has not claimed.
 
+        `count` defaults to the consumer's dispatch size from the config (rl_config.*_dispatch_size).
         group=True takes whole groups (count must be a multiple of n). Under guarantee_order the
         rows come in index order from dp_rank's fixed range of the pool (MindSpeed-RL's
         get_current_dp_range_indexes); otherwise the oldest groups come first. `partial_columns`
@@ -179,6 +180,10 @@ class Dock:
         for name in (*columns, *partial_columns):
             layout.column(name)
         n = layout.n_samples_per_prompt
+        if count is None:
+            if consumer not in layout.dispatch_sizes:
+                raise InvalidArgument("count", f"no dispatch size is configured for consumer {consumer!r}; pass count")
+            count = layout.dispatch_sizes[consumer]
         if not isinstance(count, int) or count < 1:
             raise InvalidArgument("count", f"must be an integer >= 1, got {count!r}")
         if group and count % n:

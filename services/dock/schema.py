@@ -61,6 +61,17 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
 )
 
 
+# MindSpeed-RL's consumer names and the rl_config key that sizes each one's claims.
+DISPATCH_SIZE_KEYS: dict[str, str] = {
+    "actor_rollout": "actor_rollout_dispatch_size",
+    "rule_reward": "reward_dispatch_size",
+    "actor_log_prob": "actor_logprob_dispatch_size",
+    "ref_log_prob": "ref_dispatch_size",
+    "compute_advantage": "adv_dispatch_size",
+    "actor_train": "actor_update_dispatch_size",
+}
+
+
 @dataclass(frozen=True)
 class DockLayout:
     """The shape of a run's pool, written once by the trainer (`Dock.create`) and read by every client."""
@@ -73,6 +84,7 @@ class DockLayout:
     require_max_age_all_finished: bool = True
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout applies to
     completion_column: str = "responses"  # a group is complete when this is final on all n rows
+    dispatch_sizes: dict[str, int] = field(default_factory=dict)  # consumer -> rows per claim when none given
 
     def __post_init__(self):
         names = [c.name for c in self.columns]
@@ -123,6 +135,7 @@ class DockLayout:
             partial_rollout_max_split=rl.partial_rollout_max_split,
             require_max_age_all_finished=rl.require_max_age_all_finished,
             rollout_consumer=cfg.dock.rollout_consumer,
+            dispatch_sizes={consumer: getattr(rl, key) for consumer, key in DISPATCH_SIZE_KEYS.items()},
         )
 
 

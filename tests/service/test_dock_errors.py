@@ -46,6 +46,7 @@ def dock(dock_factory):
     (lambda d: d.put([1, 1], {"responses": [[1], [2]]}), InvalidArgument, "indexes: an index appears twice"),
     (lambda d: d.put([0, 1], {"responses": [[1]]}), InvalidArgument, "columns.responses: 1 values for 2 indexes"),
     (lambda d: d.claim("a:b", ["prompts"], N), InvalidArgument, "consumer: 'a:b' must be a non-empty name"),
+    (lambda d: d.claim("nobody", ["prompts"]), InvalidArgument, "count: no dispatch size is configured for consumer 'nobody'"),
     (lambda d: d.begin_iteration(3), InvalidArgument, r"target_groups: must be in \[1, capacity_groups=2\]"),
 ])
 def test_bad_input_raises_a_clear_error_and_changes_nothing(dock, call, error, match):

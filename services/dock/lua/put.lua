@@ -33,19 +33,26 @@ for _ = 1, ncols do
   local name, appendable = ARGV[pos], ARGV[pos + 1] == '1'
   pos = pos + 2
   local col_key, ready_key = k('col:' .. name), k('ready:' .. name)
+  local pairs_ = {}
   for i, row in ipairs(rows) do
     local value = ARGV[pos + i - 1]
     if append and appendable then
       local old = redis.call('HGET', col_key, row)
       if old then value = append_value(old, value) end
     end
-    redis.call('HSET', col_key, row, value)
+    pairs_[#pairs_ + 1] = row
+    pairs_[#pairs_ + 1] = value
+    if #pairs_ == 1000 then
+      redis.call('HSET', col_key, unpack(pairs_))
+      pairs_ = {}
+    end
     if not partial and redis.call('SETBIT', ready_key, row, 1) == 0 and name == meta.completion then
       if redis.call('HINCRBY', k('done'), math.floor(tonumber(row) / n), 1) == n then
         redis.call('HINCRBY', k('meta'), 'complete', 1)
       end
     end
   end
+  if #pairs_ > 0 then redis.call('HSET', col_key, unpack(pairs_)) end
   pos = pos + nrows
 end
 for _, row in ipairs(rows) do
