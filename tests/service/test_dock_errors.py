@@ -48,7 +48,7 @@ def dock(dock_factory):
     (lambda d: d.claim("a:b", ["prompts"], N), InvalidArgument, "consumer: 'a:b' must be a non-empty name"),
     (lambda d: d.claim("nobody", ["prompts"]), InvalidArgument, "count: no dispatch size is configured for consumer 'nobody'"),
     (lambda d: d.begin_iteration(3), InvalidArgument, r"target_groups: must be in \[1, capacity_groups=2\]"),
-])
+], ids=["put-unknown-column", "claim-unknown-column", "claim-unknown-partial-column", "wrong-dtype", "wrong-shape-2d", "wrong-shape-scalar", "float-into-int", "count-not-multiple-of-n", "count-zero", "index-out-of-range", "negative-index", "duplicate-index", "value-count-mismatch", "bad-consumer-name", "no-dispatch-size", "target-over-capacity"])
 def test_bad_input_raises_a_clear_error_and_changes_nothing(dock, call, error, match):
     before = _snapshot(dock)
     with pytest.raises(error, match=match):
