@@ -20,7 +20,10 @@ from services.common.config import Config, DockConfig
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.dock import codec
 from services.dock.schema import DockLayout, Keys
-from services.dock.scripts import DockScripts, redis_errors
+from services.dock.scripts import DockScripts, execute, redis_errors
+
+_STAGE_TTL_MS = 600_000  # staged values of a put whose client died mid-way expire after 10 minutes
+_MGET_KEYS = 1000  # keys per MGET when reading claimed rows
 
 
 @dataclass(frozen=True)
@@ -147,20 +150,28 @@ class Dock:
             raise InvalidArgument("partial", "a partial put returns claimed rows to the pool and needs the claim's lease")
         if version is not None and (not isinstance(version, int) or version < 0):
             raise InvalidArgument("version", f"must be an integer >= 0, got {version!r}")
-        encoded: list = []
+        described: list = []
+        blobs: list[bytes] = []
         for name, values in columns.items():
             spec = self.layout.column(name)
             if len(values) != len(rows):
                 raise InvalidArgument(f"columns.{name}", f"{len(values)} values for {len(rows)} indexes")
-            encoded += [name, "1" if spec.shape == (None,) else "0"]
+            described += [name, "1" if spec.shape == (None,) else "0"]
             for i, value in enumerate(values):
                 field = f"columns.{name}[{i}]"
                 array = codec.to_array(value, spec.dtype, field)
                 if not isinstance(array, str):
                     spec.check_shape(array.shape, field)
-                encoded.append(codec.encode(array))
-        self._run("put", self._digest, lease.consumer if lease else "", lease.lease_id if lease else "",
-                  "" if version is None else version, int(partial), int(append), len(rows), len(columns), *rows, *encoded)
+                blobs.append(codec.encode(array))
+        # Stage the values with plain SETs, then one script checks and moves them (same pipeline).
+        nonce = uuid.uuid4().hex
+        pipe = self.client.pipeline(transaction=False)
+        for index, blob in enumerate(blobs):
+            pipe.set(self.keys.stage(nonce, index), blob, px=_STAGE_TTL_MS)
+        self._scripts.queue(pipe, "put", self.keys.base, self._digest, lease.consumer if lease else "",
+                            lease.lease_id if lease else "", "" if version is None else version, int(partial),
+                            int(append), len(rows), len(columns), nonce, *rows, *described)
+        execute(pipe)
         return len(rows)
 
     def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
@@ -202,16 +213,15 @@ class Dock:
             lease_id = uuid.uuid4().hex
             reply = self._run("claim", self._digest, consumer, lease_id, self._lease_ms, count, min_count, int(group),
                               int(layout.guarantee_order), lo, hi, int(rollout), max_age, int(partial and not rollout),
-                              len(columns), *columns, len(partial_columns), *partial_columns)
+                              len(columns), *columns)
             if reply[1] or time.monotonic() >= deadline:
                 break
             time.sleep(self._poll_s)
         rows = reply[1]
         if not rows:
             return None
-        indexes, ages, flat = reply[2:2 + rows], reply[2 + rows:2 + 2 * rows], reply[2 + 2 * rows:]
-        values = {name: [None if b is None else codec.decode(b) for b in flat[i * rows:(i + 1) * rows]] for i, name in enumerate(wanted)}
-        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, values)
+        indexes, ages = reply[2:2 + rows], reply[2 + rows:2 + 2 * rows]
+        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, self._values(indexes, wanted))
 
     def ack(self, lease: Lease, indexes: Sequence[int]) -> None:
         """Ends the lease on rows the consumer is done with and put nothing for (e.g. actor_train)."""
@@ -283,11 +293,7 @@ class Dock:
         rows = self._check_indexes(indexes)
         for name in columns:
             self.layout.column(name)
-        pipe = self.client.pipeline(transaction=False)
-        for name in columns:
-            pipe.hmget(self.keys.col(name), rows)
-        blobs = self._call(pipe.execute)
-        return {name: [None if b is None else codec.decode(b) for b in col] for name, col in zip(columns, blobs)}
+        return self._values(rows, columns)
 
     def stats(self) -> DockStats:
         """Counts of the pool: rows, ready columns, consumed and leased rows per consumer, requeued, ages."""
@@ -315,6 +321,18 @@ class Dock:
                          int(requeued or 0), int(complete or 0), int(target or 0), dict(sorted(by_age.items())))
 
     # ------------------------------------------------------------ helpers
+
+    def _values(self, rows: list[int], columns: Sequence[str]) -> dict[str, list[np.ndarray | str | None]]:
+        pipe = self.client.pipeline(transaction=False)
+        for name in columns:
+            for first in range(0, len(rows), _MGET_KEYS):
+                pipe.mget([self.keys.value(name, row) for row in rows[first:first + _MGET_KEYS]])
+        replies = iter(execute(pipe))
+        values = {}
+        for name in columns:
+            blobs = [blob for _ in range(0, len(rows), _MGET_KEYS) for blob in next(replies)]
+            values[name] = [None if blob is None else codec.decode(blob) for blob in blobs]
+        return values
 
     def _dp_range(self, dp_rank: int, dp_size: int) -> tuple[int, int]:
         rows = self.layout.capacity_rows

@@ -3,15 +3,18 @@
 Every key of a run lives under `{prefix}:{run_id}:` so several runs share one Redis:
 
     meta              hash   layout (JSON), token digest, target_groups, complete, requeued
-    col:{column}      hash   row index -> encoded value (codec.py)
+    val:{column}:{row} string encoded value (codec.py); a put stages values under stage:{nonce}:*
+                             and its script RENAMEs them here, so big tensors are never copied in Lua
     ready:{column}    bitmap bit i set: row i's value of {column} is final
     live              bitmap bit i set: row i holds a sample of the current pool
     consumed:{name}   bitmap bit i set: consumer {name} has claimed row i
     lease:{name}      zset   row index -> lease deadline (ms since epoch, Redis clock)
     owner:{name}      hash   row index -> lease id of the claim that holds it
     age               zset   group id -> age (partial-rollout splits so far; group max)
+    rowage            hash   row index -> partial-rollout splits of the row
     done              hash   group id -> rows whose completion column is final
     version           hash   row index -> policy version of the last put that named one
+    consumers         set    consumer names seen (so clear knows every key)
 """
 from __future__ import annotations
 
@@ -157,8 +160,11 @@ class Keys:
     def meta(self) -> str:
         return self.base + "meta"
 
-    def col(self, column: str) -> str:
-        return f"{self.base}col:{column}"
+    def value(self, column: str, row: int) -> str:
+        return f"{self.base}val:{column}:{row}"
+
+    def stage(self, nonce: str, index: int) -> str:
+        return f"{self.base}stage:{nonce}:{index}"
 
     @property
     def pattern(self) -> str:

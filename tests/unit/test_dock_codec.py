@@ -96,7 +96,7 @@ def test_config_rejects_bad_dock_keys():
 
 def test_keys_live_under_prefix_and_run_id():
     keys = Keys("dockrl", "exp1")
-    assert keys.meta == "dockrl:exp1:meta" and keys.col("responses") == "dockrl:exp1:col:responses"
+    assert keys.meta == "dockrl:exp1:meta" and keys.value("responses", 7) == "dockrl:exp1:val:responses:7"
     with pytest.raises(InvalidArgument, match="run_id"):
         Keys("dockrl", "a:b")
 

@@ -5,7 +5,7 @@ if meta then
   if meta.token ~= '' and meta.token ~= ARGV[1] then
     return fail('DOCK_AUTH', 'the dock under ' .. base .. ' was created with another token')
   end
-  redis.call('DEL', unpack(data_keys(meta)))
+  delete_pool(meta)
 end
 redis.call('DEL', k('meta'), k('consumers'))
 redis.call('HSET', k('meta'), 'layout', ARGV[2], 'n', ARGV[3], 'capacity', ARGV[4], 'completion', ARGV[5],
