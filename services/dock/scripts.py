@@ -21,7 +21,10 @@ class StaleLease(FailedPrecondition):
     """A put / ack after the claim's lease expired or was taken over by another claim."""
 
 
-_ERROR_TAGS = {"DOCK_NOT_CREATED": FailedPrecondition, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease}
+_ERROR_TAGS = {
+    "DOCK_NOT_CREATED": FailedPrecondition, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
+    "DOCK_STAGE": Unavailable,
+}
 
 
 class DockScripts:

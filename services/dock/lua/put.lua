@@ -11,10 +11,10 @@ local nrows, ncols, nonce = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local rows = {}
 for i = 1, nrows do rows[i] = ARGV[9 + i] end
 local function staged(index) return k('stage:' .. nonce .. ':' .. index) end
+local stage_keys = {}
+for index = 0, nrows * ncols - 1 do stage_keys[#stage_keys + 1] = staged(index) end
 local function refuse(reply)
-  local keys = {}
-  for index = 0, nrows * ncols - 1 do keys[#keys + 1] = staged(index) end
-  delete_keys(keys)
+  delete_keys(stage_keys)
   return reply
 end
 
@@ -24,6 +24,13 @@ if consumer ~= '' then
   requeue_expired(consumer, now_ms())
   local stale = check_owned(consumer, lease_id, rows)
   if stale then return refuse(stale) end
+end
+local present = 0
+for first = 1, #stage_keys, 1000 do
+  present = present + redis.call('EXISTS', unpack(stage_keys, first, math.min(first + 999, #stage_keys)))
+end
+if present ~= #stage_keys then
+  return refuse(fail('DOCK_STAGE', (#stage_keys - present) .. ' staged values of this put are missing (expired?); put again'))
 end
 local n = tonumber(meta.n)
 
