@@ -62,6 +62,7 @@ class DockStats:
     requeued: int  # rows returned to the pool by expired leases, since create
     complete_groups: int
     target_groups: int
+    retired_groups: int  # groups begin_iteration dropped after training, since create
     groups_by_age: dict[int, int]  # age -> live groups
 
 
@@ -301,7 +302,7 @@ class Dock:
         self._run("sweep")
         consumers = sorted(c.decode() for c in self._call(self.client.smembers, self.keys.base + "consumers"))
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.meta, "requeued", "complete", "target")
+        pipe.hmget(self.keys.meta, "requeued", "complete", "target", "retired")
         pipe.bitcount(self.keys.base + "live")
         for column in layout.columns:
             pipe.bitcount(self.keys.base + f"ready:{column.name}")
@@ -310,7 +311,7 @@ class Dock:
             pipe.zcard(self.keys.base + f"lease:{consumer}")
         pipe.zrange(self.keys.base + "age", 0, -1, withscores=True)
         replies = self._call(pipe.execute)
-        (requeued, complete, target), live = replies[0], replies[1]
+        (requeued, complete, target, retired), live = replies[0], replies[1]
         ready = dict(zip((c.name for c in layout.columns), replies[2:2 + len(layout.columns)]))
         per_consumer = replies[2 + len(layout.columns):-1]
         by_age: dict[int, int] = {}
@@ -318,7 +319,8 @@ class Dock:
             by_age[int(age)] = by_age.get(int(age), 0) + 1
         return DockStats(self.keys.base.rstrip(":"), layout.n_samples_per_prompt, layout.capacity_rows, live, ready,
                          dict(zip(consumers, per_consumer[0::2])), dict(zip(consumers, per_consumer[1::2])),
-                         int(requeued or 0), int(complete or 0), int(target or 0), dict(sorted(by_age.items())))
+                         int(requeued or 0), int(complete or 0), int(target or 0), int(retired or 0),
+                         dict(sorted(by_age.items())))
 
     # ------------------------------------------------------------ helpers
 

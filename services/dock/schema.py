@@ -2,7 +2,7 @@
 
 Every key of a run lives under `{prefix}:{run_id}:` so several runs share one Redis:
 
-    meta              hash   layout (JSON), token digest, target_groups, complete, requeued
+    meta              hash   layout (JSON), token digest, target, complete, requeued, retired
     val:{column}:{row} string encoded value (codec.py); a put stages values under stage:{nonce}:*
                              and its script RENAMEs them here, so big tensors are never copied in Lua
     ready:{column}    bitmap bit i set: row i's value of {column} is final

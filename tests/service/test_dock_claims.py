@@ -190,7 +190,8 @@ def test_next_iteration_starts_with_the_unfinished_groups(dock_factory):
     dock.ack(trained.lease, trained.indexes)
     free = dock.begin_iteration(target_groups=2)
     assert free == [0, 2]  # the trained groups' slots; 1 and 3 stay with their ages
-    assert dock.stats().live_rows == 4 and dock.stats().complete_groups == 0
+    stats = dock.stats()
+    assert (stats.live_rows, stats.complete_groups, stats.retired_groups) == (4, 0, 2)
     _fill_prompts(dock, free)
     claim = dock.claim("actor_rollout", ["prompts"], 8, partial_columns=["responses"])
     assert [i // 2 for i in claim.indexes[::2]] == [1, 3, 0, 2] and claim.ages == [1, 1, 1, 1, 0, 0, 0, 0]
