@@ -183,7 +183,9 @@ class Dock:
         `count` defaults to the consumer's dispatch size from the config (rl_config.*_dispatch_size).
         group=True takes whole groups (count must be a multiple of n). Under guarantee_order the
         rows come in index order from dp_rank's fixed range of the pool (MindSpeed-RL's
-        get_current_dp_range_indexes); otherwise the oldest groups come first. `partial_columns`
+        get_current_dp_range_indexes; dp_rank and dp_size apply only then); otherwise the oldest
+        groups come first. Under partial rollout, resume samples of groups where some rows
+        already finished with group=False (a group claim needs all n rows free). `partial_columns`
         are returned as stored so far (partial responses) without being required. Returns None
         when fewer than `min_count` rows are ready, after waiting up to `timeout_s`.
         """
