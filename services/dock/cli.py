@@ -70,7 +70,7 @@ def _print_stats(dock, ttl_s: float, as_json: bool) -> None:
         print(json.dumps({**dataclasses.asdict(stats), "replicas": [dataclasses.asdict(r) for r in replicas]}))
         return
     print(f"run {stats.run}: {stats.live_rows}/{stats.capacity_rows} rows live, n={stats.n_samples_per_prompt}, "
-          f"complete groups {stats.complete_groups}/{stats.target_groups}, requeued {stats.requeued}")
+          f"complete groups {stats.complete_groups}/{stats.target_groups}, requeued {stats.requeued}, retired groups {stats.retired_groups}")
     print("ready:    " + "  ".join(f"{name}={count}" for name, count in stats.ready.items() if count))
     for consumer in stats.consumed:
         print(f"consumer {consumer}: consumed {stats.consumed[consumer]}, leased {stats.leased[consumer]}")

@@ -20,7 +20,10 @@ from services.common.config import Config, DockConfig
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.dock import codec
 from services.dock.schema import DockLayout, Keys
-from services.dock.scripts import DockScripts, redis_errors
+from services.dock.scripts import DockScripts, execute, redis_errors
+
+_STAGE_TTL_MS = 600_000  # staged values of a put whose client died mid-way expire after 10 minutes
+_MGET_KEYS = 1000  # keys per MGET when reading claimed rows
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class DockStats:
     requeued: int  # rows returned to the pool by expired leases, since create
     complete_groups: int
     target_groups: int
+    retired_groups: int  # groups begin_iteration dropped after training, since create
     groups_by_age: dict[int, int]  # age -> live groups
 
 
@@ -147,30 +151,41 @@ class Dock:
             raise InvalidArgument("partial", "a partial put returns claimed rows to the pool and needs the claim's lease")
         if version is not None and (not isinstance(version, int) or version < 0):
             raise InvalidArgument("version", f"must be an integer >= 0, got {version!r}")
-        encoded: list = []
+        described: list = []
+        blobs: list[bytes] = []
         for name, values in columns.items():
             spec = self.layout.column(name)
             if len(values) != len(rows):
                 raise InvalidArgument(f"columns.{name}", f"{len(values)} values for {len(rows)} indexes")
-            encoded += [name, "1" if spec.shape == (None,) else "0"]
+            described += [name, "1" if spec.shape == (None,) else "0"]
             for i, value in enumerate(values):
                 field = f"columns.{name}[{i}]"
                 array = codec.to_array(value, spec.dtype, field)
                 if not isinstance(array, str):
                     spec.check_shape(array.shape, field)
-                encoded.append(codec.encode(array))
-        self._run("put", self._digest, lease.consumer if lease else "", lease.lease_id if lease else "",
-                  "" if version is None else version, int(partial), int(append), len(rows), len(columns), *rows, *encoded)
+                blobs.append(codec.encode(array))
+        # Stage the values with plain SETs, then one script checks and moves them (same pipeline).
+        nonce = uuid.uuid4().hex
+        pipe = self.client.pipeline(transaction=False)
+        for index, blob in enumerate(blobs):
+            pipe.set(self.keys.stage(nonce, index), blob, px=_STAGE_TTL_MS)
+        self._scripts.queue(pipe, "put", self.keys.base, self._digest, lease.consumer if lease else "",
+                            lease.lease_id if lease else "", "" if version is None else version, int(partial),
+                            int(append), len(rows), len(columns), nonce, *rows, *described)
+        execute(pipe)
         return len(rows)
 
-    def claim(self, consumer: str, columns: Sequence[str], count: int, *, group: bool = True,
+    def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
               dp_rank: int | None = None, dp_size: int = 1, partial_columns: Sequence[str] = (),
               min_count: int = 1, timeout_s: float = 0.0) -> Claim | None:
         """Atomically leases up to `count` rows whose `columns` are final and that `consumer` has not claimed.
 
+        `count` defaults to the consumer's dispatch size from the config (rl_config.*_dispatch_size).
         group=True takes whole groups (count must be a multiple of n). Under guarantee_order the
         rows come in index order from dp_rank's fixed range of the pool (MindSpeed-RL's
-        get_current_dp_range_indexes); otherwise the oldest groups come first. `partial_columns`
+        get_current_dp_range_indexes; dp_rank and dp_size apply only then); otherwise the oldest
+        groups come first. Under partial rollout, resume samples of groups where some rows
+        already finished with group=False (a group claim needs all n rows free). `partial_columns`
         are returned as stored so far (partial responses) without being required. Returns None
         when fewer than `min_count` rows are ready, after waiting up to `timeout_s`.
         """
@@ -179,6 +194,10 @@ class Dock:
         for name in (*columns, *partial_columns):
             layout.column(name)
         n = layout.n_samples_per_prompt
+        if count is None:
+            if consumer not in layout.dispatch_sizes:
+                raise InvalidArgument("count", f"no dispatch size is configured for consumer {consumer!r}; pass count")
+            count = layout.dispatch_sizes[consumer]
         if not isinstance(count, int) or count < 1:
             raise InvalidArgument("count", f"must be an integer >= 1, got {count!r}")
         if group and count % n:
@@ -197,16 +216,15 @@ class Dock:
             lease_id = uuid.uuid4().hex
             reply = self._run("claim", self._digest, consumer, lease_id, self._lease_ms, count, min_count, int(group),
                               int(layout.guarantee_order), lo, hi, int(rollout), max_age, int(partial and not rollout),
-                              len(columns), *columns, len(partial_columns), *partial_columns)
+                              len(columns), *columns)
             if reply[1] or time.monotonic() >= deadline:
                 break
             time.sleep(self._poll_s)
         rows = reply[1]
         if not rows:
             return None
-        indexes, ages, flat = reply[2:2 + rows], reply[2 + rows:2 + 2 * rows], reply[2 + 2 * rows:]
-        values = {name: [None if b is None else codec.decode(b) for b in flat[i * rows:(i + 1) * rows]] for i, name in enumerate(wanted)}
-        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, values)
+        indexes, ages = reply[2:2 + rows], reply[2 + rows:2 + 2 * rows]
+        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, self._values(indexes, wanted))
 
     def ack(self, lease: Lease, indexes: Sequence[int]) -> None:
         """Ends the lease on rows the consumer is done with and put nothing for (e.g. actor_train)."""
@@ -278,11 +296,7 @@ class Dock:
         rows = self._check_indexes(indexes)
         for name in columns:
             self.layout.column(name)
-        pipe = self.client.pipeline(transaction=False)
-        for name in columns:
-            pipe.hmget(self.keys.col(name), rows)
-        blobs = self._call(pipe.execute)
-        return {name: [None if b is None else codec.decode(b) for b in col] for name, col in zip(columns, blobs)}
+        return self._values(rows, columns)
 
     def stats(self) -> DockStats:
         """Counts of the pool: rows, ready columns, consumed and leased rows per consumer, requeued, ages."""
@@ -290,7 +304,7 @@ class Dock:
         self._run("sweep")
         consumers = sorted(c.decode() for c in self._call(self.client.smembers, self.keys.base + "consumers"))
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.meta, "requeued", "complete", "target")
+        pipe.hmget(self.keys.meta, "requeued", "complete", "target", "retired")
         pipe.bitcount(self.keys.base + "live")
         for column in layout.columns:
             pipe.bitcount(self.keys.base + f"ready:{column.name}")
@@ -299,7 +313,7 @@ class Dock:
             pipe.zcard(self.keys.base + f"lease:{consumer}")
         pipe.zrange(self.keys.base + "age", 0, -1, withscores=True)
         replies = self._call(pipe.execute)
-        (requeued, complete, target), live = replies[0], replies[1]
+        (requeued, complete, target, retired), live = replies[0], replies[1]
         ready = dict(zip((c.name for c in layout.columns), replies[2:2 + len(layout.columns)]))
         per_consumer = replies[2 + len(layout.columns):-1]
         by_age: dict[int, int] = {}
@@ -307,9 +321,22 @@ class Dock:
             by_age[int(age)] = by_age.get(int(age), 0) + 1
         return DockStats(self.keys.base.rstrip(":"), layout.n_samples_per_prompt, layout.capacity_rows, live, ready,
                          dict(zip(consumers, per_consumer[0::2])), dict(zip(consumers, per_consumer[1::2])),
-                         int(requeued or 0), int(complete or 0), int(target or 0), dict(sorted(by_age.items())))
+                         int(requeued or 0), int(complete or 0), int(target or 0), int(retired or 0),
+                         dict(sorted(by_age.items())))
 
     # ------------------------------------------------------------ helpers
+
+    def _values(self, rows: list[int], columns: Sequence[str]) -> dict[str, list[np.ndarray | str | None]]:
+        pipe = self.client.pipeline(transaction=False)
+        for name in columns:
+            for first in range(0, len(rows), _MGET_KEYS):
+                pipe.mget([self.keys.value(name, row) for row in rows[first:first + _MGET_KEYS]])
+        replies = iter(execute(pipe))
+        values = {}
+        for name in columns:
+            blobs = [blob for _ in range(0, len(rows), _MGET_KEYS) for blob in next(replies)]
+            values[name] = [None if blob is None else codec.decode(blob) for blob in blobs]
+        return values
 
     def _dp_range(self, dp_rank: int, dp_size: int) -> tuple[int, int]:
         rows = self.layout.capacity_rows

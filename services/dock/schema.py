@@ -2,16 +2,19 @@
 
 Every key of a run lives under `{prefix}:{run_id}:` so several runs share one Redis:
 
-    meta              hash   layout (JSON), token digest, target_groups, complete, requeued
-    col:{column}      hash   row index -> encoded value (codec.py)
+    meta              hash   layout (JSON), token digest, target, complete, requeued, retired
+    val:{column}:{row} string encoded value (codec.py); a put stages values under stage:{nonce}:*
+                             and its script RENAMEs them here, so big tensors are never copied in Lua
     ready:{column}    bitmap bit i set: row i's value of {column} is final
     live              bitmap bit i set: row i holds a sample of the current pool
     consumed:{name}   bitmap bit i set: consumer {name} has claimed row i
     lease:{name}      zset   row index -> lease deadline (ms since epoch, Redis clock)
     owner:{name}      hash   row index -> lease id of the claim that holds it
     age               zset   group id -> age (partial-rollout splits so far; group max)
+    rowage            hash   row index -> partial-rollout splits of the row
     done              hash   group id -> rows whose completion column is final
     version           hash   row index -> policy version of the last put that named one
+    consumers         set    consumer names seen (so clear knows every key)
 """
 from __future__ import annotations
 
@@ -61,6 +64,17 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
 )
 
 
+# MindSpeed-RL's consumer names and the rl_config key that sizes each one's claims.
+DISPATCH_SIZE_KEYS: dict[str, str] = {
+    "actor_rollout": "actor_rollout_dispatch_size",
+    "rule_reward": "reward_dispatch_size",
+    "actor_log_prob": "actor_logprob_dispatch_size",
+    "ref_log_prob": "ref_dispatch_size",
+    "compute_advantage": "adv_dispatch_size",
+    "actor_train": "actor_update_dispatch_size",
+}
+
+
 @dataclass(frozen=True)
 class DockLayout:
     """The shape of a run's pool, written once by the trainer (`Dock.create`) and read by every client."""
@@ -73,6 +87,7 @@ class DockLayout:
     require_max_age_all_finished: bool = True
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout applies to
     completion_column: str = "responses"  # a group is complete when this is final on all n rows
+    dispatch_sizes: dict[str, int] = field(default_factory=dict)  # consumer -> rows per claim when none given
 
     def __post_init__(self):
         names = [c.name for c in self.columns]
@@ -123,6 +138,7 @@ class DockLayout:
             partial_rollout_max_split=rl.partial_rollout_max_split,
             require_max_age_all_finished=rl.require_max_age_all_finished,
             rollout_consumer=cfg.dock.rollout_consumer,
+            dispatch_sizes={consumer: getattr(rl, key) for consumer, key in DISPATCH_SIZE_KEYS.items()},
         )
 
 
@@ -144,8 +160,11 @@ class Keys:
     def meta(self) -> str:
         return self.base + "meta"
 
-    def col(self, column: str) -> str:
-        return f"{self.base}col:{column}"
+    def value(self, column: str, row: int) -> str:
+        return f"{self.base}val:{column}:{row}"
+
+    def stage(self, nonce: str, index: int) -> str:
+        return f"{self.base}stage:{nonce}:{index}"
 
     @property
     def pattern(self) -> str:

@@ -21,7 +21,10 @@ class StaleLease(FailedPrecondition):
     """A put / ack after the claim's lease expired or was taken over by another claim."""
 
 
-_ERROR_TAGS = {"DOCK_NOT_CREATED": FailedPrecondition, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease}
+_ERROR_TAGS = {
+    "DOCK_NOT_CREATED": FailedPrecondition, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
+    "DOCK_STAGE": Unavailable,
+}
 
 
 class DockScripts:
@@ -37,10 +40,31 @@ class DockScripts:
             try:
                 return self._scripts[name](keys=[base], args=list(args))
             except redis.ResponseError as exc:
-                tag, _, message = str(exc).partition(" ")
-                if tag in _ERROR_TAGS:
-                    raise _ERROR_TAGS[tag](message) from None
+                raise_tagged(exc)
                 raise
+
+    def queue(self, pipe: redis.client.Pipeline, name: str, base: str, *args) -> None:
+        """Adds script `name` to `pipe`, to run after the commands queued before it."""
+        self._scripts[name](keys=[base], args=list(args), client=pipe)
+
+
+def execute(pipe: redis.client.Pipeline) -> list:
+    """Runs a pipeline; the first failed command raises (typed when it is a tagged dock error)."""
+    with redis_errors():
+        results = pipe.execute(raise_on_error=False)
+    for result in results:
+        if isinstance(result, redis.ResponseError):
+            raise_tagged(result)
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def raise_tagged(exc: redis.ResponseError) -> None:
+    """Raises the typed error of a tagged dock reply; returns for any other error."""
+    tag, _, message = str(exc).partition(" ")
+    if tag in _ERROR_TAGS:
+        raise _ERROR_TAGS[tag](message) from None
 
 
 @contextlib.contextmanager

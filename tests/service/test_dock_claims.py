@@ -190,7 +190,14 @@ def test_next_iteration_starts_with_the_unfinished_groups(dock_factory):
     dock.ack(trained.lease, trained.indexes)
     free = dock.begin_iteration(target_groups=2)
     assert free == [0, 2]  # the trained groups' slots; 1 and 3 stay with their ages
-    assert dock.stats().live_rows == 4 and dock.stats().complete_groups == 0
+    stats = dock.stats()
+    assert (stats.live_rows, stats.complete_groups, stats.retired_groups) == (4, 0, 2)
     _fill_prompts(dock, free)
     claim = dock.claim("actor_rollout", ["prompts"], 8, partial_columns=["responses"])
     assert [i // 2 for i in claim.indexes[::2]] == [1, 3, 0, 2] and claim.ages == [1, 1, 1, 1, 0, 0, 0, 0]
+
+
+def test_claims_default_to_the_consumers_dispatch_size(dock_factory):
+    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=8, dispatch_sizes={"actor_rollout": 3 * N}))
+    _fill_prompts(dock, range(8))
+    assert [len(dock.claim("actor_rollout", ["prompts"])) for _ in range(3)] == [3 * N, 3 * N, 2 * N]

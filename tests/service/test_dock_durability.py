@@ -1,6 +1,8 @@
 """Durability and credentials on a redis-server this module starts itself (free port, temp dir)."""
 import dataclasses
+import shutil
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -11,7 +13,7 @@ from services.common.config import Config, DockConfig
 from services.common.errors import Unauthenticated
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
-from tests.conftest import start_redis_server, stop_redis_server
+from tests.conftest import free_port, start_redis_server, stop_redis_server
 
 pytestmark = pytest.mark.service
 
@@ -69,5 +71,35 @@ def test_the_client_uses_the_configured_password(tmp_path):
         dock = Dock.from_config(_config(url, redis_password="pw-123"))
         dock.create(DockLayout(n_samples_per_prompt=1, capacity_groups=1))
         assert dock.stats().capacity_rows == 1
+    finally:
+        stop_redis_server(proc)
+
+
+def test_the_client_connects_over_tls_with_the_configured_ca(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(port),
+                             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                             "--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tls = _config(f"redis://127.0.0.1:{port}/0", redis_tls=True, redis_tls_ca_file=str(cert))
+        for _ in range(100):  # wait until the server answers over TLS
+            try:
+                Dock.from_config(tls).client.ping()
+                break
+            except redis.RedisError:
+                time.sleep(0.05)
+        dock = Dock.from_config(tls)
+        dock.create(DockLayout(n_samples_per_prompt=1, capacity_groups=2))
+        dock.put([0], {"prompts": [[1, 2]]})
+        assert dock.read([0], ["prompts"])["prompts"][0].tolist() == [1, 2]
+        with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):  # without the CA: not trusted
+            Dock.from_config(_config(f"redis://127.0.0.1:{port}/0", redis_tls=True)).client.ping()
     finally:
         stop_redis_server(proc)

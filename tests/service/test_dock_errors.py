@@ -17,8 +17,11 @@ pytestmark = pytest.mark.service
 N = 4
 
 
-def _snapshot(dock: Dock) -> dict[bytes, bytes]:
-    return {key: dock.client.dump(key) for key in dock.client.scan_iter(dock.keys.pattern, count=1000)}
+def _snapshot(dock: Dock) -> dict[bytes, object]:
+    """Every key of the run with its content (not DUMP bytes: a hash's order changes as Redis rehashes)."""
+    readers = {b"string": dock.client.get, b"hash": dock.client.hgetall, b"set": dock.client.smembers,
+               b"zset": lambda key: dock.client.zrange(key, 0, -1, withscores=True)}
+    return {key: readers[dock.client.type(key)](key) for key in dock.client.scan_iter(dock.keys.pattern, count=1000)}
 
 
 @pytest.fixture
@@ -46,8 +49,9 @@ def dock(dock_factory):
     (lambda d: d.put([1, 1], {"responses": [[1], [2]]}), InvalidArgument, "indexes: an index appears twice"),
     (lambda d: d.put([0, 1], {"responses": [[1]]}), InvalidArgument, "columns.responses: 1 values for 2 indexes"),
     (lambda d: d.claim("a:b", ["prompts"], N), InvalidArgument, "consumer: 'a:b' must be a non-empty name"),
+    (lambda d: d.claim("nobody", ["prompts"]), InvalidArgument, "count: no dispatch size is configured for consumer 'nobody'"),
     (lambda d: d.begin_iteration(3), InvalidArgument, r"target_groups: must be in \[1, capacity_groups=2\]"),
-])
+], ids=["put-unknown-column", "claim-unknown-column", "claim-unknown-partial-column", "wrong-dtype", "wrong-shape-2d", "wrong-shape-scalar", "float-into-int", "count-not-multiple-of-n", "count-zero", "index-out-of-range", "negative-index", "duplicate-index", "value-count-mismatch", "bad-consumer-name", "no-dispatch-size", "target-over-capacity"])
 def test_bad_input_raises_a_clear_error_and_changes_nothing(dock, call, error, match):
     before = _snapshot(dock)
     with pytest.raises(error, match=match):

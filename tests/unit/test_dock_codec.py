@@ -82,6 +82,9 @@ def test_layout_from_config_leaves_room_for_partial_rollout():
     assert DockLayout.from_config(partial).capacity_groups == 16
     sized = config_from_dict({**base, "dock": {"capacity_groups": 12}})
     assert DockLayout.from_config(sized).capacity_groups == 12
+    layout = DockLayout.from_config(config_from_dict({**base, "rl_config": {"n_samples_per_prompt": 4, "actor_rollout_dispatch_size": 8}}))
+    assert layout.dispatch_sizes["actor_rollout"] == 8 and layout.dispatch_sizes["actor_train"] == 32  # GBS * n / DP 1
+    assert DockLayout.from_json(layout.to_json()) == layout
 
 
 def test_config_rejects_bad_dock_keys():
@@ -93,7 +96,7 @@ def test_config_rejects_bad_dock_keys():
 
 def test_keys_live_under_prefix_and_run_id():
     keys = Keys("dockrl", "exp1")
-    assert keys.meta == "dockrl:exp1:meta" and keys.col("responses") == "dockrl:exp1:col:responses"
+    assert keys.meta == "dockrl:exp1:meta" and keys.value("responses", 7) == "dockrl:exp1:val:responses:7"
     with pytest.raises(InvalidArgument, match="run_id"):
         Keys("dockrl", "a:b")
 

@@ -25,6 +25,7 @@ for _, group in ipairs(redis.call('ZRANGE', k('age'), 0, -1)) do
   end
 end
 drop_rows(meta, drop)
+redis.call('HINCRBY', k('meta'), 'retired', dropped)
 redis.call('HSET', k('meta'), 'target', target)
 local reply = {dropped}
 for group = 0, math.floor(tonumber(meta.capacity) / n) - 1 do

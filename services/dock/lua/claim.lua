@@ -1,8 +1,8 @@
 -- claim: ARGV digest, consumer, lease_id, lease_ms, count, min_count, by_group, ordered, lo, hi,
--- stop_at_target, max_age, whole_groups, nreq, required[nreq], nextra, extra[nextra].
--- Picks up to `count` rows whose required columns are final and that `consumer` has not claimed,
--- leases them until now + lease_ms, and returns
---   {deadline, nrows, rows[nrows], ages[nrows], values of each required then extra column[nrows]}.
+-- stop_at_target, max_age, whole_groups, ncols, columns...
+-- Picks up to `count` rows whose columns are final and that `consumer` has not claimed, leases
+-- them until now + lease_ms, and returns {deadline, nrows, rows[nrows], ages[nrows]}; the client
+-- then reads the values (val:{column}:{row}); the claimed columns are final, nobody rewrites them.
 -- ordered: the next rows of [lo, hi) in index order, or nothing while those are not ready.
 -- otherwise: groups oldest first (age desc), then by group id. After the iteration's target of
 -- complete groups is reached (stop_at_target), only groups of age >= max_age stay claimable.
@@ -13,18 +13,13 @@ local lease_ms, count, min_count = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumbe
 local by_group, ordered = ARGV[7] == '1', ARGV[8] == '1'
 local lo, hi = tonumber(ARGV[9]), tonumber(ARGV[10])
 local stop_at_target, max_age, whole_groups = ARGV[11] == '1', tonumber(ARGV[12]), ARGV[13] == '1'
-local nreq = tonumber(ARGV[14])
-local columns = {}
-for i = 1, nreq do columns[i] = ARGV[14 + i] end
-local nextra = tonumber(ARGV[15 + nreq])
-for i = 1, nextra do columns[nreq + i] = ARGV[15 + nreq + i] end
 local n = tonumber(meta.n)
 local now = now_ms()
 redis.call('SADD', k('consumers'), consumer)
 requeue_expired(consumer, now)
 
 local ready = {}
-for i = 1, nreq do ready[i] = redis.call('GET', k('ready:' .. columns[i])) or '' end
+for i = 15, #ARGV do ready[#ready + 1] = redis.call('GET', k('ready:' .. ARGV[i])) or '' end
 local consumed = redis.call('GET', k('consumed:' .. consumer)) or ''
 local live = redis.call('GET', k('live')) or ''
 local function row_free(row)
@@ -88,12 +83,5 @@ for _, row in ipairs(picked) do
 end
 for _, row in ipairs(picked) do
   reply[#reply + 1] = tonumber(redis.call('ZSCORE', k('age'), math.floor(row / n)) or '0')
-end
-for _, name in ipairs(columns) do
-  local col_key = k('col:' .. name)
-  for first = 1, #picked, 1000 do
-    local values = redis.call('HMGET', col_key, unpack(picked, first, math.min(first + 999, #picked)))
-    for _, value in ipairs(values) do reply[#reply + 1] = value end
-  end
 end
 return reply

@@ -2,7 +2,7 @@
 -- requeued counter stay, unless scope is all (the run's every key goes).
 local meta, err = open(ARGV[1])
 if not meta then return err end
-redis.call('DEL', unpack(data_keys(meta)))
+delete_pool(meta)
 if ARGV[2] == 'all' then
   redis.call('DEL', k('meta'), k('consumers'))
 else

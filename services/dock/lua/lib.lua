@@ -75,16 +75,25 @@ local function check_owned(consumer, lease_id, rows)
   return nil
 end
 
--- Removes rows from every key of the run (columns, flags, leases, ages, completion counts).
+-- Deletes `keys` in batches (unpack has a stack limit).
+local function delete_keys(keys)
+  for first = 1, #keys, 1000 do
+    redis.call('DEL', unpack(keys, first, math.min(first + 999, #keys)))
+  end
+end
+
+local function value_key(column, row) return base .. 'val:' .. column .. ':' .. row end
+
+-- Removes rows from every key of the run (values, flags, leases, ages, completion counts).
 local function drop_rows(meta, rows)
   if #rows == 0 then return end
   local layout = cjson.decode(meta.layout)
   local n = tonumber(meta.n)
   local consumers = redis.call('SMEMBERS', k('consumers'))
-  local done_groups = {}
+  local values, done_groups = {}, {}
   for _, row in ipairs(rows) do
     for _, column in ipairs(layout.columns) do
-      redis.call('HDEL', k('col:' .. column.name), row)
+      values[#values + 1] = value_key(column.name, row)
       redis.call('SETBIT', k('ready:' .. column.name), row, 0)
     end
     for _, consumer in ipairs(consumers) do
@@ -97,6 +106,7 @@ local function drop_rows(meta, rows)
     redis.call('HDEL', k('rowage'), row)
     done_groups[math.floor(tonumber(row) / n)] = true
   end
+  delete_keys(values)
   for group, _ in pairs(done_groups) do
     if tonumber(redis.call('HGET', k('done'), group) or '0') >= n then
       redis.call('HINCRBY', k('meta'), 'complete', -1)
@@ -106,17 +116,18 @@ local function drop_rows(meta, rows)
   end
 end
 
--- Every data key of the run (meta and the consumer set excepted).
-local function data_keys(meta)
+-- Deletes every data key of the run: every row's values, flags, leases, ages (not meta).
+local function delete_pool(meta)
   local keys = {k('live'), k('version'), k('rowage'), k('age'), k('done')}
+  local capacity = tonumber(meta.capacity)
   for _, column in ipairs(cjson.decode(meta.layout).columns) do
-    keys[#keys + 1] = k('col:' .. column.name)
     keys[#keys + 1] = k('ready:' .. column.name)
+    for row = 0, capacity - 1 do keys[#keys + 1] = value_key(column.name, row) end
   end
   for _, consumer in ipairs(redis.call('SMEMBERS', k('consumers'))) do
     keys[#keys + 1] = k('consumed:' .. consumer)
     keys[#keys + 1] = k('lease:' .. consumer)
     keys[#keys + 1] = k('owner:' .. consumer)
   end
-  return keys
+  delete_keys(keys)
 end
