@@ -12,7 +12,9 @@ import importlib
 import sys
 
 # subcommand -> (module with add_arguments/run, one-line help)
-SERVICE_COMMANDS: dict[str, tuple[str, str]] = {}
+SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
+    "dock": ("services.dock.cli", "look at or empty a run's data dock"),
+}
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
