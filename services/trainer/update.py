@@ -55,6 +55,7 @@ class TrainBatch:
 class UpdateMetrics:
     """Means over the optimizer steps of one update call."""
 
+    loss: float  # the objective minimised: pg_loss - entropy_coeff * entropy + kl_coef * kl
     pg_loss: float
     pg_clipfrac: float
     pg_clipfrac_lower: float
@@ -167,7 +168,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
                 # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
                 weight = part_mask.sum() / mini_tokens if cfg.loss.token_level_loss else len(index) / len(mini)
                 (out.loss * weight).backward()
-                for name in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl"):
+                for name in ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl"):
                     totals[name] = totals.get(name, 0.0) + float(getattr(out, name)) * float(weight)
             _average_over_data_parallel(params)
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + clip_grad_norm(params, cfg.clip_grad)
