@@ -10,7 +10,7 @@ import torch
 from trainer_helpers import megatron_tp1, random_batch, response_nll, tiny_hf_model
 from trainer_tp_worker import PARITY_BATCH
 
-from services.trainer.checkpoint_convert import megatron_to_hf
+from services.trainer.checkpoint_convert import load_hf_state, megatron_to_hf
 from services.trainer.logprobs import forward_micro_batch
 
 WORKER = pathlib.Path(__file__).with_name("trainer_tp_worker.py")
@@ -43,7 +43,7 @@ def test_logits_match_transformers(tied, untied_dir, tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-def test_tp2_gives_tp1_loss_and_gradients(untied_dir, tmp_path):
+def test_tp2_gives_tp1_loss_and_gradients_and_gathers_hf_weights(untied_dir, tmp_path):
     model, layout = megatron_tp1(untied_dir)
     batch = random_batch(**PARITY_BATCH)
     logp, _ = forward_micro_batch(model, batch, packed=False)
@@ -66,3 +66,7 @@ def test_tp2_gives_tp1_loss_and_gradients(untied_dir, tmp_path):
     for name in tp1:
         assert torch.allclose(tp2[name], tp1[name], atol=1e-5, rtol=0), name
     assert max(g.abs().max().item() for g in tp1.values()) > 1e-3  # the gradients compared are not all ~0
+    original = load_hf_state(untied_dir)
+    for r in ranks:
+        assert r["hf_weights"].keys() == original.keys()
+        assert all(torch.equal(r["hf_weights"][k], original[k]) for k in original)

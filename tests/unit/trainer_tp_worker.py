@@ -1,7 +1,8 @@
 """One rank of the TP parity test, started by torchrun: loss and gradients of a fixed batch.
 
 Usage: torchrun --nproc-per-node N trainer_tp_worker.py HF_DIR OUT_DIR
-Each rank writes OUT_DIR/rank{r}.pt with the loss and its gradients by megatron name.
+Each rank writes OUT_DIR/rank{r}.pt with the loss, its gradients by megatron name, and the
+model's weights gathered over TP in HF names (what a weight push sends).
 """
 import os
 import pathlib
@@ -17,6 +18,7 @@ from trainer_helpers import random_batch, response_nll  # noqa: E402
 from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.logprobs import forward_micro_batch  # noqa: E402
 from services.trainer.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
+from services.trainer.weight_bucket import gather_hf_weights  # noqa: E402
 
 PARITY_BATCH = dict(seed=3, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6])
 
@@ -34,7 +36,8 @@ def main() -> None:
     loss.backward()
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     rank = torch.distributed.get_rank()
-    torch.save({"loss": loss.item(), "grads": grads}, out_dir / f"rank{rank}.pt")
+    weights = gather_hf_weights(model, layout)
+    torch.save({"loss": loss.item(), "grads": grads, "hf_weights": weights}, out_dir / f"rank{rank}.pt")
     destroy_parallel()
 
 
