@@ -11,6 +11,7 @@ import os
 import pathlib
 import random
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -121,3 +122,20 @@ def load_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, step:
     _set_rng_state(payload["rng_state"])
     saved = payload["train_state"]
     return TrainState(step=saved["step"], policy_version=saved["policy_version"], data=DataCursor(**saved["data"]))
+
+
+def checkpoint_handler(default_root: str, model, optimizer, scheduler, current_state: Callable[[], TrainState]):
+    """A TrainerControl checkpoint handler: saves to the asked directory, or `default_root` when "" is asked.
+
+    Single-process runs only: with several ranks every rank must save, so the driver turns the
+    request into a step-boundary action of all ranks instead.
+    """
+
+    def save(path: str) -> tuple[str, int]:
+        root = path or default_root
+        if not root:
+            raise ValueError("path: empty, and megatron_training.save is not set")
+        state = current_state()
+        return str(save_checkpoint(root, model, optimizer, scheduler, state)), state.step
+
+    return save
