@@ -28,6 +28,8 @@ class ResponseBatch:
             raise ValueError(f"responses: {len(responses)} responses for {len(prompts)} prompts")
         if any(not r for r in responses):
             raise ValueError("responses: every sample needs at least one response token")
+        if any(not p for p in prompts):
+            raise ValueError("prompts: every sample needs at least one prompt token (the first response token is predicted from it)")
         width = max(len(p) + len(r) for p, r in zip(prompts, responses))
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, (p, r) in enumerate(zip(prompts, responses)):

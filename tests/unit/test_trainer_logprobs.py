@@ -58,6 +58,8 @@ def test_dynamic_micro_batches_respect_the_token_budget():
         micro_batches(batch, ForwardConfig(use_dynamic_bsz=True, max_packing_token_size=5))
 
 
-def test_batch_rejects_empty_responses():
+def test_batch_rejects_empty_prompts_and_responses():
     with pytest.raises(ValueError, match="responses: every sample"):
         ResponseBatch.from_lists([[1, 2]], [[]])
+    with pytest.raises(ValueError, match="prompts: every sample"):
+        ResponseBatch.from_lists([[]], [[1]])
