@@ -44,6 +44,14 @@ class ModelLayout:
             raise ValueError(f"config.json architectures: {arch!r} is not one of {', '.join(SUPPORTED_ARCHITECTURES)}")
         heads = cfg["num_attention_heads"]
         rope = cfg.get("rope_parameters") or {}
+        # What this GPTModel does not build would be silently wrong logits: refuse it by name.
+        rope_type = rope.get("rope_type") or (cfg.get("rope_scaling") or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"config.json rope_parameters.rope_type: {rope_type!r} is not supported (only 'default' RoPE)")
+        if cfg.get("use_sliding_window"):
+            raise ValueError("config.json use_sliding_window: sliding-window attention is not supported")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json hidden_act: {cfg['hidden_act']!r} is not supported (SwiGLU with silu only)")
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],

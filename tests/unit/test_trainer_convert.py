@@ -70,3 +70,18 @@ def test_cli_convert_reports_a_missing_source(tmp_path, capsys):
     cli.add_arguments(parser)
     assert cli.run(parser.parse_args(["convert", "--to", "hf", "--src", str(tmp_path / "nope"), "--dst", str(tmp_path / "o")])) == 2
     assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"architectures": ["GPT2LMHeadModel"]}, "architectures: 'GPT2LMHeadModel' is not one of"),
+    ({"rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn"}}, "rope_type: 'yarn' is not supported"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"hidden_act": "gelu"}, "hidden_act: 'gelu'"),
+])
+def test_layouts_this_model_cannot_build_are_refused(hf_dir, tmp_path, change, message):
+    import json
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=message):
+        ModelLayout.from_hf_dir(tmp_path)
