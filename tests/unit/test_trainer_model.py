@@ -43,7 +43,7 @@ def test_logits_match_transformers(tied, untied_dir, tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-def test_tp2_gives_tp1_loss_and_gradients_and_gathers_hf_weights(untied_dir, tmp_path):
+def test_tp2_gives_tp1_loss_gradients_packed_logprobs_and_hf_weights(untied_dir, tmp_path):
     model, layout = megatron_tp1(untied_dir)
     batch = random_batch(**PARITY_BATCH)
     logp, _ = forward_micro_batch(model, batch, packed=False)
@@ -61,6 +61,7 @@ def test_tp2_gives_tp1_loss_and_gradients_and_gathers_hf_weights(untied_dir, tmp
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for r in ranks:
         assert r["loss"] == pytest.approx(loss.item(), abs=1e-5)
+        assert torch.allclose(r["packed_logp"], logp.detach(), atol=1e-5)
     tp2 = megatron_to_hf({(0, r): ranks[r]["grads"] for r in range(2)}, layout)
     assert tp2.keys() == tp1.keys()
     for name in tp1:

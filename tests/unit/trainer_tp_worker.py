@@ -2,7 +2,8 @@
 
 Usage: torchrun --nproc-per-node N trainer_tp_worker.py HF_DIR OUT_DIR
 Each rank writes OUT_DIR/rank{r}.pt with the loss, its gradients by megatron name, and the
-model's weights gathered over TP in HF names (what a weight push sends).
+model's weights gathered over TP in HF names (what a weight push sends), and the packed
+(remove-padding) log-probs of the batch.
 """
 import os
 import pathlib
@@ -37,7 +38,10 @@ def main() -> None:
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     rank = torch.distributed.get_rank()
     weights = gather_hf_weights(model, layout)
-    torch.save({"loss": loss.item(), "grads": grads, "hf_weights": weights}, out_dir / f"rank{rank}.pt")
+    with torch.no_grad():
+        packed_logp, _ = forward_micro_batch(model, batch, packed=True)
+    torch.save({"loss": loss.item(), "grads": grads, "hf_weights": weights, "packed_logp": packed_logp},
+               out_dir / f"rank{rank}.pt")
     destroy_parallel()
 
 
