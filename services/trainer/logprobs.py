@@ -9,6 +9,7 @@ causal within each sample). `use_dynamic_bsz` forms micro-batches by a token bud
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -119,39 +120,86 @@ def _positions_predicting_responses(batch: ResponseBatch, starts: list[int]) -> 
     return torch.cat(rows), torch.cat(cols)
 
 
-def forward_micro_batch(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward pass over all of `batch`: (log-probs [b, L], entropy [b, L]), 0 past each response.
+@dataclass(frozen=True)
+class ModelInputs:
+    """One micro-batch as the GPTModel takes it, and where each sample starts in the flattened output."""
 
-    Gradients flow when called outside torch.no_grad().
-    """
-    from megatron.core import parallel_state
+    tokens: torch.Tensor  # [b, S] padded, or [1, T] packed
+    positions: torch.Tensor  # same shape as tokens
+    attention_mask: torch.Tensor | None  # [1, 1, S, S] causal (True = masked); None when packed
+    packed_seq_params: object | None  # megatron PackedSeqParams (THD) when packed
+    starts: list[int]  # flat offset of each sample's first token
+    hidden_shape: tuple[int, int]  # (S, b) or (T, 1): the activations passed between pipeline stages
 
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise NotImplementedError("megatron_training.pipeline_model_parallel_size: the log-prob pass runs with 1 pipeline stage")
+    def run(self, model) -> torch.Tensor:
+        """The model's output: logits [b, S, V] on the last pipeline stage, hidden states elsewhere."""
+        return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
+
+
+def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
+    """The padded (causal mask) or packed (THD, per-sample causal) inputs of a micro-batch."""
     device = _device()
     lengths = batch.sequence_lengths.tolist()
     if packed:
         tokens = torch.cat([batch.tokens[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0).to(device)
         positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
         bounds = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
-        params = _packed_params(bounds, max(lengths))
-        logits = model(tokens, positions, None, packed_seq_params=params)[0]  # [T, V]
-        starts = bounds[:-1].tolist()
-    else:
-        width = max(lengths)
-        tokens = batch.tokens[:, :width].to(device)
-        positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
-        causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
-        logits = model(tokens, positions, causal).reshape(batch.size * width, -1)  # [b*S, V]
-        starts = [i * width for i in range(batch.size)]
-    flat_tokens = tokens.reshape(-1)
-    rows, cols = _positions_predicting_responses(batch, starts)
-    token_logp, entropy = _response_stats(logits[cols.to(device)], flat_tokens[cols.to(device) + 1])
-    offsets = torch.cat([torch.arange(r) for r in batch.response_lengths.tolist()])
+        return ModelInputs(tokens, positions, None, _packed_params(bounds, max(lengths)), bounds[:-1].tolist(),
+                           (tokens.size(1), 1))
+    width = max(lengths)
+    tokens = batch.tokens[:, :width].to(device)
+    positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
+    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
+    return ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size))
+
+
+def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the last stage's logits: (log-probs [b, L], entropy [b, L]) of the responses, 0 past each."""
+    device = logits.device
+    flat_logits = logits.reshape(-1, logits.size(-1))
+    rows, cols = _positions_predicting_responses(batch, inputs.starts)
+    rows, cols = rows.to(device), cols.to(device)
+    token_logp, entropy = _response_stats(flat_logits[cols], inputs.tokens.reshape(-1)[cols + 1])
+    offsets = torch.cat([torch.arange(r) for r in batch.response_lengths.tolist()]).to(device)
     shape = (batch.size, batch.max_response_length)
-    out_logp = torch.zeros(shape, device=device).index_put((rows.to(device), offsets.to(device)), token_logp)
-    out_entropy = torch.zeros(shape, device=device).index_put((rows.to(device), offsets.to(device)), entropy)
+    out_logp = torch.zeros(shape, device=device).index_put((rows, offsets), token_logp)
+    out_entropy = torch.zeros(shape, device=device).index_put((rows, offsets), entropy)
     return out_logp, out_entropy
+
+
+def forward_micro_batch(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over all of `batch` on a single pipeline stage: (log-probs [b, L], entropy [b, L]).
+
+    Gradients flow when called outside torch.no_grad().
+    """
+    inputs = model_inputs(batch, packed)
+    return response_stats(inputs.run(model), batch, inputs)
+
+
+# The loss of micro-batch i from its log-probs and entropy; its backward runs inside run_micro_batches.
+MicroBatchLoss = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def run_micro_batches(model, parts: list[ResponseBatch], packed: bool,
+                      loss_fn: MicroBatchLoss | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Forward (and, with `loss_fn`, backward) over micro-batches; every rank gets each part's (log-probs, entropy).
+
+    One pipeline stage: part by part, each backward right after its forward. Several stages:
+    services.trainer.pipeline's schedule.
+    """
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        from services.trainer.pipeline import pipelined_micro_batches
+
+        return pipelined_micro_batches(model, parts, [model_inputs(p, packed) for p in parts], response_stats, loss_fn)
+    results = []
+    for i, part in enumerate(parts):
+        logp, entropy = forward_micro_batch(model, part, packed)
+        if loss_fn is not None:
+            loss_fn(i, logp, entropy).backward()
+        results.append((logp.detach(), entropy.detach()))
+    return results
 
 
 def _packed_params(bounds: torch.Tensor, max_len: int):
@@ -168,9 +216,9 @@ def compute_logprobs(model, batch: ResponseBatch, cfg: ForwardConfig) -> tuple[t
     width = batch.max_response_length
     logp = torch.zeros(batch.size, width)
     entropy = torch.zeros(batch.size, width)
-    for index in micro_batches(batch, cfg):
-        part = batch.select(index)
-        lp, ent = forward_micro_batch(model, part, cfg.use_remove_padding)
+    indexes = micro_batches(batch, cfg)
+    parts = [batch.select(index) for index in indexes]
+    for index, part, (lp, ent) in zip(indexes, parts, run_micro_batches(model, parts, cfg.use_remove_padding)):
         logp[index, : part.max_response_length] = lp.cpu()
         entropy[index, : part.max_response_length] = ent.cpu()
     model.train(was_training)

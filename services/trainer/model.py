@@ -184,6 +184,9 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     layout.check_parallel(tp, pp)
+    if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
+        # megatron-core syncs the two copies of a tied embedding with a .cuda() call at construction.
+        raise ValueError("megatron_training.pipeline_model_parallel_size: tied embeddings with PP > 1 need an accelerator")
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     if not accelerator_present():
         spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention

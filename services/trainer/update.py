@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from services.trainer.kl import kl_penalty
-from services.trainer.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, forward_micro_batch, micro_batches
+from services.trainer.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches, run_micro_batches
 from services.trainer.losses import PolicyLossConfig, policy_loss
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
@@ -98,17 +98,22 @@ def needs_old_logprob_pass(num_samples: int, cfg: UpdateConfig) -> bool:
 
 
 def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """Global L2 norm of the gradients over TP shards (replicated tensors counted once); scales them to max_norm."""
+    """Global L2 norm of the gradients over TP shards and PP stages, each tensor counted once; scales them to max_norm.
+
+    TP-replicated tensors count on one TP rank; a tied embedding's copy on the last stage
+    (megatron marks it `shared`) does not count.
+    """
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
     grads = [p.grad for p in params if p.grad is not None]
     squares = torch.zeros((), dtype=torch.float32, device=grads[0].device)
     for p in params:
-        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+        if p.grad is not None and param_is_not_tensor_parallel_duplicate(p) and not getattr(p, "shared", False):
             squares += p.grad.float().square().sum()
-    if parallel_state.get_tensor_model_parallel_world_size() > 1:
-        torch.distributed.all_reduce(squares, group=parallel_state.get_tensor_model_parallel_group())
+    model_parallel = parallel_state.get_tensor_model_parallel_world_size() * parallel_state.get_pipeline_model_parallel_world_size()
+    if model_parallel > 1:
+        torch.distributed.all_reduce(squares, group=parallel_state.get_model_parallel_group())
     total = math.sqrt(squares.item())
     if max_norm > 0 and total > max_norm:
         for g in grads:
@@ -116,17 +121,21 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return total
 
 
-def _average_over_data_parallel(params: list[torch.nn.Parameter]) -> None:
+def _finalize_grads(model, params: list[torch.nn.Parameter]) -> None:
+    """Averages gradients over data-parallel replicas; sums a tied embedding's two copies' gradients across stages."""
     from megatron.core import parallel_state
 
     dp = parallel_state.get_data_parallel_world_size()
-    if dp == 1:
-        return
-    group = parallel_state.get_data_parallel_group()
-    for p in params:
-        if p.grad is not None:
-            torch.distributed.all_reduce(p.grad, group=group)
-            p.grad.div_(dp)
+    if dp > 1:
+        group = parallel_state.get_data_parallel_group()
+        for p in params:
+            if p.grad is not None:
+                torch.distributed.all_reduce(p.grad, group=group)
+                p.grad.div_(dp)
+    shared = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and shared is not None
+            and parallel_state.is_rank_in_embedding_group() and shared.grad is not None):
+        torch.distributed.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
 
 
 def _mini_batch_order(num_samples: int, cfg: UpdateConfig, epoch: int, step: int) -> list[torch.Tensor]:
@@ -138,6 +147,9 @@ def _mini_batch_order(num_samples: int, cfg: UpdateConfig, epoch: int, step: int
     return list(order.split(cfg.mini_batch_size))
 
 
+LOSS_METRICS = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl")
+
+
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateConfig, step: int = 0) -> UpdateMetrics:
     """Runs cfg.epochs passes of optimizer steps over `batch`; `step` seeds the shuffle reproducibly."""
     samples = batch.samples
@@ -146,18 +158,18 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
     old_logprobs = compute_logprobs(model, samples, cfg.forward)[0] if old_pass else batch.old_logprobs
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
-    totals: dict[str, float] = {}
+    loss_totals = torch.zeros(len(LOSS_METRICS))  # filled on the last pipeline stage, where losses are computed
+    grad_norm = lr = 0.0
     steps = 0
     for epoch in range(cfg.epochs):
         for mini in _mini_batch_order(samples.size, cfg, epoch, step):
             optimizer.zero_grad(set_to_none=True)
-            mini_batch = samples.select(mini)
             mini_tokens = mask[mini].sum()
-            for micro in micro_batches(mini_batch, cfg.forward):
-                index = mini[micro]
-                part = samples.select(index)
-                width = part.max_response_length
-                logp, entropy = forward_micro_batch(model, part, cfg.forward.use_remove_padding)
+            indexes = [mini[micro] for micro in micro_batches(samples.select(mini), cfg.forward)]
+
+            def micro_loss(i: int, logp: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+                index = indexes[i]
+                width = logp.size(1)
                 part_mask = mask[index, :width].to(logp.device)
                 old = old_logprobs[index, :width].to(logp.device) if old_logprobs is not None else logp.detach()
                 kl = None
@@ -166,15 +178,31 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
                 out = policy_loss(logp, old, batch.advantages[index, :width].to(logp.device), part_mask, cfg.loss,
                                   entropy=entropy, kl=kl)
                 # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
-                weight = part_mask.sum() / mini_tokens if cfg.loss.token_level_loss else len(index) / len(mini)
-                (out.loss * weight).backward()
-                for name in ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl"):
-                    totals[name] = totals.get(name, 0.0) + float(getattr(out, name)) * float(weight)
-            _average_over_data_parallel(params)
-            totals["grad_norm"] = totals.get("grad_norm", 0.0) + clip_grad_norm(params, cfg.clip_grad)
-            totals["lr"] = totals.get("lr", 0.0) + optimizer.param_groups[0]["lr"]
+                weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level_loss else len(index) / len(mini)
+                loss_totals.add_(torch.tensor([float(getattr(out, m)) for m in LOSS_METRICS]) * float(weight))
+                return out.loss * weight
+
+            run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
+            _finalize_grads(model, params)
+            grad_norm += clip_grad_norm(params, cfg.clip_grad)
+            lr += optimizer.param_groups[0]["lr"]
             optimizer.step()
             scheduler.step(1)
             steps += 1
-    means = {k: v / steps for k, v in totals.items()}
-    return UpdateMetrics(**means, optimizer_steps=steps, old_logprob_pass=old_pass)
+    _broadcast_from_last_stage(loss_totals)
+    means = dict(zip(LOSS_METRICS, (loss_totals / steps).tolist()))
+    return UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass)
+
+
+def _broadcast_from_last_stage(values: torch.Tensor) -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        device_values = values.to(_device())
+        torch.distributed.broadcast(device_values, src=parallel_state.get_pipeline_model_parallel_last_rank(),
+                                    group=parallel_state.get_pipeline_model_parallel_group())
+        values.copy_(device_values.cpu())
+
+
+def _device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -2,7 +2,7 @@
 
 A bucket is one contiguous byte string holding several tensors back to back, each described by
 (name, dtype, shape, offset, nbytes), as proto/rollout.proto's TensorMeta says. The trainer
-gathers its TP shards and converts them to HF names on the pushing rank (`gather_hf_weights`),
+gathers its TP shards and PP stages and converts them to HF names (`gather_hf_weights`),
 plans buckets of at most bucket_mb (a larger tensor gets a bucket of its own), and packs them
 one at a time so packing can overlap sending.
 """
@@ -105,23 +105,26 @@ def unpack_bucket(bucket: WeightBucket) -> dict[str, torch.Tensor]:
 
 
 def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
-    """The full model in HF names, gathered over tensor parallel ranks (every TP rank gets it; rank 0 pushes)."""
+    """The full model in HF names on every rank: TP shards gathered within each stage, then stages across PP."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     from services.trainer.checkpoint_convert import megatron_to_hf
 
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise NotImplementedError("megatron_training.pipeline_model_parallel_size: weight gathering supports 1 pipeline stage")
     tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
     state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    if tp == 1:
-        return megatron_to_hf({(0, 0): state}, layout)
-    group = parallel_state.get_tensor_model_parallel_group()
-    shards: dict[tuple[int, int], dict[str, torch.Tensor]] = {(0, t): {} for t in range(tp)}
+    stage: dict[int, dict[str, torch.Tensor]] = {t: {} for t in range(tp)}
     for name, tensor in state.items():
+        if tp == 1:
+            stage[0][name] = tensor.cpu()
+            continue
         parts = [torch.empty_like(tensor) for _ in range(tp)]
-        dist.all_gather(parts, tensor.contiguous(), group=group)
+        dist.all_gather(parts, tensor.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
         for t in range(tp):
-            shards[(0, t)][name] = parts[t].cpu()
-    return megatron_to_hf(shards, layout)
+            stage[t][name] = parts[t].cpu()
+    stages = [stage]
+    if pp > 1:
+        stages = [None] * pp
+        dist.all_gather_object(stages, stage, group=parallel_state.get_pipeline_model_parallel_group())
+    return megatron_to_hf({(p, t): stages[p][t] for p in range(pp) for t in range(tp)}, layout)

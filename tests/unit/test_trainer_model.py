@@ -1,4 +1,4 @@
-"""The megatron GPTModel against transformers' Qwen2ForCausalLM, and TP=2 against TP=1."""
+"""The megatron GPTModel against transformers' Qwen2ForCausalLM, and TP=2 / PP=2 against one rank."""
 import os
 import socket
 import pathlib
@@ -8,12 +8,12 @@ import sys
 import pytest
 import torch
 from trainer_helpers import megatron_tp1, random_batch, response_nll, tiny_hf_model
-from trainer_tp_worker import PARITY_BATCH
+from trainer_parallel_worker import PARITY_BATCH, parity_update
 
 from services.trainer.checkpoint_convert import load_hf_state, megatron_to_hf
 from services.trainer.logprobs import forward_micro_batch
 
-WORKER = pathlib.Path(__file__).with_name("trainer_tp_worker.py")
+WORKER = pathlib.Path(__file__).with_name("trainer_parallel_worker.py")
 
 
 def free_port() -> int:
@@ -43,30 +43,34 @@ def test_logits_match_transformers(tied, untied_dir, tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-def test_tp2_gives_tp1_loss_gradients_packed_logprobs_and_hf_weights(untied_dir, tmp_path):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_two_ranks_give_one_rank_loss_gradients_logprobs_and_weights(untied_dir, tmp_path, tp, pp):
     model, layout = megatron_tp1(untied_dir)
     batch = random_batch(**PARITY_BATCH)
     logp, _ = forward_micro_batch(model, batch, packed=False)
     loss = response_nll(logp, batch)
     model.zero_grad()
     loss.backward()
-    tp1 = megatron_to_hf({(0, 0): {n: p.grad for n, p in model.named_parameters()}}, layout)
+    reference = megatron_to_hf({(0, 0): {n: p.grad for n, p in model.named_parameters()}}, layout)
+    model.zero_grad()
+    update = parity_update(model, batch)
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()),
-           str(WORKER), str(untied_dir), str(tmp_path)]
+           "--master-port", str(free_port()), str(WORKER), str(untied_dir), str(tmp_path), str(tp), str(pp)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     for r in ranks:
         assert r["loss"] == pytest.approx(loss.item(), abs=1e-5)
         assert torch.allclose(r["packed_logp"], logp.detach(), atol=1e-5)
-    tp2 = megatron_to_hf({(0, r): ranks[r]["grads"] for r in range(2)}, layout)
-    assert tp2.keys() == tp1.keys()
-    for name in tp1:
-        assert torch.allclose(tp2[name], tp1[name], atol=1e-5, rtol=0), name
-    assert max(g.abs().max().item() for g in tp1.values()) > 1e-3  # the gradients compared are not all ~0
+        for name in ("loss", "entropy", "grad_norm", "pg_clipfrac"):  # grad_norm spans TP shards / PP stages
+            assert r["update"][name] == pytest.approx(update[name], abs=1e-5), name
+    grads = megatron_to_hf({tuple(r["key"]): r["grads"] for r in ranks}, layout)
+    assert grads.keys() == reference.keys()
+    for name in reference:
+        assert torch.allclose(grads[name], reference[name], atol=1e-5, rtol=0), name
+    assert max(g.abs().max().item() for g in reference.values()) > 1e-3  # the gradients compared are not all ~0
     original = load_hf_state(untied_dir)
     for r in ranks:
         assert r["hf_weights"].keys() == original.keys()
