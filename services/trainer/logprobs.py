@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from services.trainer.model import compute_device
+
 
 @dataclass(frozen=True)
 class ResponseBatch:
@@ -99,10 +101,6 @@ def micro_batches(batch: ResponseBatch, cfg: ForwardConfig) -> list[torch.Tensor
     return [torch.tensor(g, dtype=torch.long) for g in groups]
 
 
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def _response_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [N, V] predicting labels [N] -> (log p(label) [N], entropy [N]), in fp32."""
     logp = torch.log_softmax(logits.float(), dim=-1)
@@ -138,7 +136,7 @@ class ModelInputs:
 
 def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
     """The padded (causal mask) or packed (THD, per-sample causal) inputs of a micro-batch."""
-    device = _device()
+    device = compute_device()
     lengths = batch.sequence_lengths.tolist()
     if packed:
         tokens = torch.cat([batch.tokens[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0).to(device)

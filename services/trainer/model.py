@@ -85,6 +85,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def compute_device() -> torch.device:
+    """Where this rank computes: its CUDA device, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def default_backend() -> str:
     """nccl with CUDA, hccl with torch_npu, gloo otherwise."""
     if torch.cuda.is_available():

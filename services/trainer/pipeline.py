@@ -14,9 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+from services.trainer.model import compute_device
 
 
 def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, loss_fn: Callable | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -30,7 +28,7 @@ def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, l
 
     first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     prev_rank, next_rank = ps.get_pipeline_model_parallel_prev_rank(), ps.get_pipeline_model_parallel_next_rank()
-    hidden, dtype, device = model.config.hidden_size, model.config.params_dtype, _device()
+    hidden, dtype, device = model.config.hidden_size, model.config.params_dtype, compute_device()
     held: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # (received input, output or loss)
     results: list[tuple[torch.Tensor, torch.Tensor]] = []
     for i, (part, inp) in enumerate(zip(parts, inputs)):

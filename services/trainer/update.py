@@ -16,6 +16,8 @@ import torch
 from services.trainer.kl import kl_penalty
 from services.trainer.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches, run_micro_batches
 from services.trainer.losses import PolicyLossConfig, policy_loss
+from services.trainer.model import compute_device
+
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 
@@ -198,11 +200,7 @@ def _broadcast_from_last_stage(values: torch.Tensor) -> None:
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        device_values = values.to(_device())
+        device_values = values.to(compute_device())
         torch.distributed.broadcast(device_values, src=parallel_state.get_pipeline_model_parallel_last_rank(),
                                     group=parallel_state.get_pipeline_model_parallel_group())
         values.copy_(device_values.cpu())
-
-
-def _device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
