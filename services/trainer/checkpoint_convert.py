@@ -134,9 +134,11 @@ def load_hf_state(hf_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
 
 def save_megatron(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], out_dir: str | pathlib.Path, hf_dir: str | pathlib.Path) -> pathlib.Path:
     """Writes one `mp_rank_*/model_optim_rng.pt` per shard and a copy of the HF side files in hf_config/."""
+    from tqdm import tqdm
+
     out = pathlib.Path(out_dir)
     pp = 1 + max(p for p, _ in shards)
-    for (p, t), state in shards.items():
+    for (p, t), state in tqdm(shards.items(), desc="writing megatron shards", unit="shard"):
         d = out / shard_dir_name(t, p, pp)
         d.mkdir(parents=True, exist_ok=True)
         torch.save({"model": dict(state)}, d / MEGATRON_FILE)
@@ -146,8 +148,10 @@ def save_megatron(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], out_dir
 
 def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.Tensor]]:
     """Reads the shards save_megatron wrote, keyed by (pp_rank, tp_rank)."""
+    from tqdm import tqdm
+
     shards = {}
-    for f in sorted(pathlib.Path(mg_dir).glob(f"mp_rank_*/{MEGATRON_FILE}")):
+    for f in tqdm(sorted(pathlib.Path(mg_dir).glob(f"mp_rank_*/{MEGATRON_FILE}")), desc="reading megatron shards", unit="shard"):
         parts = f.parent.name.split("_")[2:]
         tp_rank, pp_rank = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
         shards[(pp_rank, tp_rank)] = torch.load(f, map_location="cpu", weights_only=True)["model"]
