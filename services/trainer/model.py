@@ -113,12 +113,16 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
     on_cpu = apply_cpu_shims()
     if not dist.is_initialized():
         backend = default_backend() if backend == "auto" else backend
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        # Each rank binds its own device before the communicator is created on it.
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        elif backend == "hccl":
+            torch.npu.set_device(local_rank)
         if "RANK" in os.environ:
             dist.init_process_group(backend)
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
-        if not on_cpu and backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if parallel_state.model_parallel_is_initialized():
         if (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
             raise RuntimeError("init_parallel: already initialised with other tensor/pipeline parallel sizes")
