@@ -188,6 +188,8 @@ class TrainerServiceConfig:
     push_mode: str = "fanout"  # fanout | chain
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
     eval_data_path: str = ""  # preprocessed held-out prompts; empty: no evaluation
+    rollout_timeout_s: float = 600.0  # an iteration fails when no scored group arrives for this long
+    log_logprob_diff: bool = True  # forward pass per step for train_rollout_logprob_diff (it also serves as the old log-probs)
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
 
 

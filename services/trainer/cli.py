@@ -1,4 +1,4 @@
-"""`dockrl trainer ...`: checkpoint conversion (the iteration driver adds its own commands)."""
+"""`dockrl trainer ...`: run the RL loop (`train`) or convert checkpoints (`convert`)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +8,15 @@ import sys
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the trainer's sub-commands to `parser`."""
     sub = parser.add_subparsers(dest="trainer_command", required=True)
+    train = sub.add_parser("train", help="run the RL iterations against the dock (the run's driver)",
+                           description="Runs megatron_training.train_iters iterations: prompts into the dock, scored groups "
+                                       "out, update, weight push to every live rollout replica. Launch with torchrun for TP/PP > 1.")
+    train.add_argument("--config", default=None, help="run config YAML (default: the embedded configs/tiny_cpu.yaml)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config key (repeatable)")
+    train.add_argument("--host", default=None, help="address the Trainer gRPC service binds (default: trainer.host)")
+    train.add_argument("--port", type=int, default=None, help="Trainer gRPC port, 0 picks a free one (default: trainer.grpc_port)")
+    train.add_argument("--resume", action="store_true", help="continue from the last checkpoint in megatron_training.save")
     convert = sub.add_parser("convert", help="convert a checkpoint between Hugging Face safetensors and Megatron shards",
                              description="Convert a checkpoint between Hugging Face safetensors and megatron-core shards. "
                                          "HF -> Megatron -> HF gives back bit-identical tensors.")
@@ -21,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen sub-command; returns the exit status (2 for bad input)."""
+    if args.trainer_command == "train":
+        from services.common.config import load_config
+        from services.trainer.driver import train
+
+        return train(load_config(args.config, args.overrides), resume=args.resume, host=args.host, port=args.port)
     from services.trainer.checkpoint_convert import convert_hf_to_megatron, convert_megatron_to_hf, describe
 
     if args.trainer_command == "convert":
