@@ -169,11 +169,16 @@ class RolloutServiceConfig:
 
 @dataclass(frozen=True)
 class RewardServiceConfig:
-    """Where reward replicas listen."""
+    """Where reward replicas listen, what one Score request may hold, how the dock worker polls."""
 
     host: str = "127.0.0.1"
     grpc_port: int = 50061
     replicas: int = 1
+    max_items: int = 4096  # items per Score request; more is INVALID_ARGUMENT
+    max_response_chars: int = 1_000_000  # characters per response; longer is INVALID_ARGUMENT
+    max_request_mb: int = 64  # gRPC receive limit for one Score request
+    server_threads: int = 8  # concurrent Score calls; they share the verifier pool
+    poll_interval_s: float = 0.2  # dock worker: wait between claims that found no work
 
 
 @dataclass(frozen=True)
@@ -398,6 +403,11 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("rollout.replicas", cfg.rollout.replicas),
         ("rollout.max_queue", cfg.rollout.max_queue),
         ("reward.replicas", cfg.reward.replicas),
+        ("reward.max_items", cfg.reward.max_items),
+        ("reward.max_response_chars", cfg.reward.max_response_chars),
+        ("reward.max_request_mb", cfg.reward.max_request_mb),
+        ("reward.server_threads", cfg.reward.server_threads),
+        ("reward.poll_interval_s", cfg.reward.poll_interval_s),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
     ]:
