@@ -169,7 +169,7 @@ class RolloutServiceConfig:
 
 @dataclass(frozen=True)
 class RewardServiceConfig:
-    """Where reward replicas listen, what one Score request may hold, how the dock worker polls."""
+    """Where reward replicas listen and what one Score request may hold."""
 
     host: str = "127.0.0.1"
     grpc_port: int = 50061
@@ -178,7 +178,6 @@ class RewardServiceConfig:
     max_response_chars: int = 1_000_000  # characters per response; longer is INVALID_ARGUMENT
     max_request_mb: int = 64  # gRPC receive limit for one Score request
     server_threads: int = 8  # concurrent Score calls; they share the verifier pool
-    poll_interval_s: float = 0.2  # dock worker: wait between claims that found no work
 
 
 @dataclass(frozen=True)
@@ -407,7 +406,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("reward.max_response_chars", cfg.reward.max_response_chars),
         ("reward.max_request_mb", cfg.reward.max_request_mb),
         ("reward.server_threads", cfg.reward.server_threads),
-        ("reward.poll_interval_s", cfg.reward.poll_interval_s),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
     ]:
