@@ -13,6 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "process pool of rl_config.verifier_parallel workers, each bounded by "
                                        "rl_config.verifier_timeout.")
     serve.add_argument("--config", help="run config YAML (default: configs/tiny_cpu.yaml)")
+    serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config key, e.g. --set rl_config.verifier_timeout=5 (repeatable)")
     serve.add_argument("--host", help="address to listen on (default: reward.host)")
     serve.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default: reward.grpc_port)")
     serve.add_argument("--dock", action="store_true",
@@ -31,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--response-length", type=int, default=0,
                        help="response length in tokens, for the overlong penalty (default 0: no penalty)")
     score.add_argument("--config", help="run config YAML for the defaults (default: configs/tiny_cpu.yaml)")
+    score.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config key, e.g. --set rl_config.overlong_buffer_enable=true (repeatable)")
     score.add_argument("--server", metavar="HOST:PORT", help="score through a running reward server instead of locally")
 
 
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from services.common.errors import DockrlError
 
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(args.config, args.overrides)
         if args.reward_command == "serve":
             return _serve(cfg, args)
         return _score(cfg, args)
@@ -65,7 +69,7 @@ def _serve(cfg, args: argparse.Namespace) -> int:
         host = args.host or cfg.reward.host
         server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
         print(f"reward server listening on {host}:{server.port}", flush=True)
-        worker_thread = _start_dock_worker(cfg, pool, stop) if args.dock else None
+        worker_thread = _start_dock_worker(cfg, pool, stop, f"{host}:{server.port}") if args.dock else None
         stop.wait()
         log_event(logger, "reward server stopping")
         server.stop()
@@ -74,13 +78,13 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_dock_worker(cfg, pool, stop):
+def _start_dock_worker(cfg, pool, stop, address: str):
     import threading
 
     from services.reward.worker import RewardWorker
 
     worker = RewardWorker.from_config(cfg, pool)
-    thread = threading.Thread(target=worker.run_until, args=(stop,), name="reward-dock-worker", daemon=True)
+    thread = threading.Thread(target=worker.run_until, args=(stop, address), name="reward-dock-worker", daemon=True)
     thread.start()
     return thread
 

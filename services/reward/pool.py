@@ -3,8 +3,8 @@
 concurrent.futures cannot stop a running task, and a sympy simplification can run for hours inside
 C code, so each worker is a plain process with its own pipe: the pool sends it one sample (response,
 label, verifier names), the worker answers one score per verifier as each finishes, and a worker
-silent for `timeout_s` is SIGKILLed, its unfinished verifiers get their timeout scores and a fresh
-worker takes its place. Several threads (gRPC handlers, the dock worker) may call `run` at once;
+silent for `timeout_s` is SIGKILLed, the verifier it was on gets its timeout score, a fresh worker
+takes its place and the sample's remaining verifiers run on the next free worker. Several threads (gRPC handlers, the dock worker) may call `run` at once;
 each borrows idle workers from one shared queue.
 
 `InProcessRunner` is the same interface without processes or deadlines, for unit tests, the
@@ -96,7 +96,7 @@ class _Worker:
 
 @dataclass
 class _Lease:
-    """A worker busy on one task: which task, which verifier next, and when it must have answered."""
+    """A worker busy on one task from verifier `part` on, and when it must have answered."""
 
     worker: _Worker
     task: int
@@ -163,7 +163,7 @@ class VerifierPool:
     def run(self, tasks: Sequence[VerifyTask]) -> list[list[VerifierOutcome]]:
         """Outcomes per task, one per verifier, in the order given; blocks until all are in."""
         results: list[list[VerifierOutcome | None]] = [[None] * len(t.verifiers) for t in tasks]
-        pending = deque(i for i, t in enumerate(tasks) if t.verifiers)
+        pending = deque((i, 0) for i, t in enumerate(tasks) if t.verifiers)  # (task, first verifier to run)
         leases: dict[Connection, _Lease] = {}
         while pending or leases:
             # 1. hand pending tasks to idle workers (wait for one only when holding none)
@@ -171,10 +171,10 @@ class VerifierPool:
                 worker = self._borrow(block=not leases)
                 if worker is None:
                     break
-                index = pending.popleft()
+                index, part = pending.popleft()
                 task = tasks[index]
-                worker.conn.send((task.response, task.label, task.verifiers))
-                leases[worker.conn] = _Lease(worker, index, deadline=time.monotonic() + self.timeout_s)
+                worker.conn.send((task.response, task.label, task.verifiers[part:]))
+                leases[worker.conn] = _Lease(worker, index, part, deadline=time.monotonic() + self.timeout_s)
             # 2. collect scores until the nearest deadline
             nearest = min(lease.deadline for lease in leases.values())
             for conn in wait(list(leases), timeout=max(0.0, nearest - time.monotonic())):
@@ -190,16 +190,19 @@ class VerifierPool:
                 if lease.part == len(tasks[lease.task].verifiers):
                     del leases[conn]
                     self._idle.put(lease.worker)
-            # 3. kill workers past their deadline; their remaining verifiers score as timed out
+            # 3. kill workers past their deadline: the verifier they were on scores as timed out,
+            #    the sample's later verifiers go back in the queue
             now = time.monotonic()
             for conn, lease in [(c, lease) for c, lease in leases.items() if lease.deadline <= now]:
                 del leases[conn]
                 names = tasks[lease.task].verifiers
-                for part in range(lease.part, len(names)):
-                    results[lease.task][part] = VerifierOutcome(REGISTRY[names[part]].timeout_score, timed_out=True)
-                    VERIFIER_TIMEOUTS.labels(names[part]).inc()
+                name = names[lease.part]
+                results[lease.task][lease.part] = VerifierOutcome(REGISTRY[name].timeout_score, timed_out=True)
+                VERIFIER_TIMEOUTS.labels(name).inc()
+                if lease.part + 1 < len(names):
+                    pending.appendleft((lease.task, lease.part + 1))
                 log_event(logger, "verifier timed out; worker replaced", logging.WARNING,
-                          verifier=names[lease.part], timeout_s=self.timeout_s, response_chars=len(tasks[lease.task].response))
+                          verifier=name, timeout_s=self.timeout_s, response_chars=len(tasks[lease.task].response))
                 self._replace(lease.worker)
         return results  # type: ignore[return-value]  # every slot is filled above
 

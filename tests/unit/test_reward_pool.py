@@ -33,14 +33,22 @@ def test_a_hung_verifier_gets_its_timeout_score_and_the_pool_keeps_serving(pool)
         VerifyTask(SLOW_PARSE, "1", ("math_17k_acc",)),
     ])
     elapsed = time.monotonic() - started
-    # format finished before acc hung; acc timed out (-0.5), the verifier after it was never run.
+    # format finished before acc hung; acc timed out (-0.5); math_17k_acc hung on a fresh worker too.
     assert slow == [VerifierOutcome(0.0), VerifierOutcome(-0.5, True), VerifierOutcome(0.0, True)]
     assert fast == [VerifierOutcome(1.0), VerifierOutcome(1.0)]
     assert nested == [VerifierOutcome(0.0, True)]
-    assert pool.replaced == replaced + 2
-    assert elapsed < 3 * 1.5 + 2, elapsed  # one deadline per verifier, not per batch of hangs
+    assert pool.replaced == replaced + 3
+    assert elapsed < 3 * 1.5 + 2, elapsed  # one deadline per hung verifier, two workers in parallel
     # the replacements score at once, on both workers
     assert pool.run([RIGHT] * 4) == [[VerifierOutcome(1.0), VerifierOutcome(1.0)]] * 4
+
+
+def test_verifiers_after_a_hung_one_still_run(pool):
+    formatted = "<think>Step 1: a</think> <answer>" + SLOW_SYMPY + "</answer>"
+    bare, tagged = pool.run([VerifyTask(SLOW_SYMPY, "2", ("acc", "format", "step")),
+                             VerifyTask(formatted, "2", ("acc", "format", "step"))])
+    assert bare == [VerifierOutcome(-0.5, True), VerifierOutcome(0.0), VerifierOutcome(0.0)]
+    assert tagged == [VerifierOutcome(-0.5, True), VerifierOutcome(1.0), VerifierOutcome(1 / 3)]
 
 
 def test_concurrent_callers_share_the_workers(pool):
