@@ -20,6 +20,7 @@ import numpy as np
 
 from services.common.auth import resolve_token
 from services.common.config import Config
+from services.common.errors import FailedPrecondition, Unavailable
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.dock.client import Claim, Dock
@@ -108,10 +109,19 @@ class RewardWorker:
         registry.register(replica_id, address or "dock-only", "reward")
         last_beat = last_log = time.monotonic()
         rows = 0
+        waiting_for = ""
         log_event(logger, "dock worker started", replica=replica_id, consumer=CONSUMER, run=self.dock.keys.base)
         try:
             while not stop.is_set():
-                report = self.step(wait_s=_CLAIM_WAIT_S)
+                try:
+                    report = self.step(wait_s=_CLAIM_WAIT_S)
+                except (FailedPrecondition, Unavailable) as exc:  # no dock created yet, or Redis away: wait
+                    if str(exc) != waiting_for:
+                        log_event(logger, "dock not ready; retrying every second", logging.WARNING, reason=str(exc))
+                        waiting_for = str(exc)
+                    stop.wait(_CLAIM_WAIT_S)
+                    continue
+                waiting_for = ""
                 now = time.monotonic()
                 if now - last_beat > heartbeat_ttl_s / 3:
                     registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
