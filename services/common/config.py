@@ -180,6 +180,7 @@ class RewardServiceConfig:
     max_response_chars: int = 1_000_000  # characters per response; longer is INVALID_ARGUMENT
     max_request_mb: int = 64  # gRPC receive limit for one Score request
     server_threads: int = 8  # concurrent Score calls; they share the verifier pool
+    metrics_port: int = 0  # Prometheus /metrics (HTTP) on this port; 0: not served
 
 
 @dataclass(frozen=True)
@@ -446,6 +447,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("rl_config.init_kl_coef", rl.init_kl_coef),
         ("rl_config.overlong_buffer", rl.overlong_buffer),
         ("rl_config.max_staleness", rl.max_staleness),
+        ("reward.metrics_port", cfg.reward.metrics_port),
         ("generate_config.sampling_config.temperature", smp.temperature),
         ("generate_config.sampling_config.logprobs", smp.logprobs),
     ]:

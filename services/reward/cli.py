@@ -69,6 +69,12 @@ def _serve(cfg, args: argparse.Namespace) -> int:
         host = args.host or cfg.reward.host
         server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
         print(f"reward server listening on {host}:{server.port}", flush=True)
+        if cfg.reward.metrics_port:
+            import prometheus_client
+
+            from services.common.metrics import REGISTRY
+
+            prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
         worker_thread = _start_dock_worker(cfg, pool, stop, f"{host}:{server.port}") if args.dock else None
         stop.wait()
         log_event(logger, "reward server stopping")

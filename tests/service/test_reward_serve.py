@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import numpy as np
@@ -13,6 +14,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from services.common.templates import load_templates
+from tests.conftest import free_port
 from services.common.tiny_model import build_tokenizer
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
@@ -29,11 +31,13 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
     build_tokenizer(tmp_path / "tok", load_templates()["qwen"])
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     prefix = f"test-reward-{uuid.uuid4().hex[:10]}"
+    metrics_port = free_port()
     config = {
         "megatron_training": {"tokenizer_name_or_path": str(tmp_path / "tok"), "global_batch_size": 2},
         "rl_config": {"n_samples_per_prompt": N, "verifier_function": ["acc"], "verifier_weight": [1.0],
                       "verifier_parallel": 1, "verifier_timeout": 5},
         "dock": {"redis_url": redis_url, "prefix": prefix, "run_id": "serve"},
+        "reward": {"metrics_port": metrics_port},
     }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
@@ -59,6 +63,8 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
         assert [float(s) for s in dock.read(rows, ["rm_scores"])["rm_scores"]] == [1.0, -0.5, -1.0, 1.0]
         with RewardClient(target) as reward:
             assert reward.score([ScoreInput(r"\boxed{\frac12}", "0.5")])[0].total == 1.0
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 1.0" in metrics
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
