@@ -60,12 +60,14 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     from services.common.log import log_event, setup_logging
     from services.reward.pool import VerifierPool
     from services.reward.server import start_server
+    from services.reward.worker import RewardWorker
 
     logger = setup_logging("reward")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool:
+        worker = RewardWorker.from_config(cfg, pool) if args.dock else None  # a bad dock config fails before serving
         host = args.host or cfg.reward.host
         server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
         print(f"reward server listening on {host}:{server.port}", flush=True)
@@ -75,24 +77,17 @@ def _serve(cfg, args: argparse.Namespace) -> int:
             from services.common.metrics import REGISTRY
 
             prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
-        worker_thread = _start_dock_worker(cfg, pool, stop, f"{host}:{server.port}") if args.dock else None
+        worker_thread = None
+        if worker is not None:
+            worker_thread = threading.Thread(target=worker.run_until, args=(stop, f"{host}:{server.port}"),
+                                             name="reward-dock-worker", daemon=True)
+            worker_thread.start()
         stop.wait()
         log_event(logger, "reward server stopping")
         server.stop()
         if worker_thread is not None:
             worker_thread.join(30)
     return 0
-
-
-def _start_dock_worker(cfg, pool, stop, address: str):
-    import threading
-
-    from services.reward.worker import RewardWorker
-
-    worker = RewardWorker.from_config(cfg, pool)
-    thread = threading.Thread(target=worker.run_until, args=(stop, address), name="reward-dock-worker", daemon=True)
-    thread.start()
-    return thread
 
 
 def _score(cfg, args: argparse.Namespace) -> int:

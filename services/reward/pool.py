@@ -2,10 +2,10 @@
 
 concurrent.futures cannot stop a running task, and a sympy simplification can run for hours inside
 C code, so each worker is a plain process with its own pipe: the pool sends it one sample (response,
-label, verifier names), the worker answers one score per verifier as each finishes, and a worker
+label, verifier names) and the worker answers one score per verifier as each finishes. A worker
 silent for `timeout_s` is SIGKILLed, the verifier it was on gets its timeout score, a fresh worker
-takes its place and the sample's remaining verifiers run on the next free worker. Several threads (gRPC handlers, the dock worker) may call `run` at once;
-each borrows idle workers from one shared queue.
+takes its place and the sample's remaining verifiers run on the next free worker. Several threads
+(gRPC handlers, the dock worker) may call `run` at once; each borrows idle workers from one queue.
 
 `InProcessRunner` is the same interface without processes or deadlines, for unit tests, the
 benchmark's baseline and a person trying a rule.
@@ -66,9 +66,6 @@ class InProcessRunner:
         """Outcomes per task, one per verifier, in the order given."""
         return [[VerifierOutcome(run_verifier(name, t.response, t.label)) for name in t.verifiers] for t in tasks]
 
-    def close(self) -> None:
-        """Nothing to release."""
-
 
 _READY = "ready"
 
@@ -110,7 +107,6 @@ class VerifierPool:
     def __init__(self, parallel: int, timeout_s: float):
         if parallel < 1 or timeout_s <= 0:
             raise ValueError(f"VerifierPool needs parallel >= 1 and timeout_s > 0, got {parallel}, {timeout_s}")
-        self.parallel = parallel
         self.timeout_s = timeout_s
         # forkserver: forking a process that runs gRPC threads is unsafe; the preloaded server
         # forks workers with math-verify and sympy already imported, so a replacement starts fast.
