@@ -63,8 +63,11 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
         assert [float(s) for s in dock.read(rows, ["rm_scores"])["rm_scores"]] == [1.0, -0.5, -1.0, 1.0]
         with RewardClient(target) as reward:
             assert reward.score([ScoreInput(r"\boxed{\frac12}", "0.5")])[0].total == 1.0
+        cli = subprocess.run([sys.executable, "-m", "services.reward", "score", "--server", target, "--label", "7",
+                              "--response", r"so \boxed{7}", "--verifier", "acc"], capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0 and "total: +1.0000" in cli.stdout, cli.stdout + cli.stderr
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 1.0" in metrics
+        assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 2.0" in metrics
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

@@ -66,8 +66,11 @@ def test_concurrent_callers_share_the_workers(pool):
     assert results == {k: expected for k in range(4)}
 
 
-def test_closed_pool_refuses_work():
-    pool = VerifierPool(parallel=1, timeout_s=1.0)
+def test_close_kills_every_worker_and_refuses_work():
+    pool = VerifierPool(parallel=2, timeout_s=1.0)
+    processes = [w.process for w in pool._all]
+    assert len(processes) == 2 and all(p.is_alive() for p in processes)
     pool.close()
+    assert not any(p.is_alive() for p in processes)
     with pytest.raises(RuntimeError, match="closed"):
         pool.run([RIGHT])
