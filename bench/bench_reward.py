@@ -1,7 +1,8 @@
 """Samples/s of the reward gRPC service against calling the verifiers in-process, on the same inputs.
 
-The service path is the real one: a client on loopback, Reward.Score in batches, the server's
-process pool (`--parallel` workers, a deadline per verifier). The in-process path calls the same
+The service path is the real one: a client on loopback, Reward.Score in batches of `--batch`
+with `--concurrency` requests in flight, the server's process pool (`--parallel` workers, a
+deadline per verifier). The in-process path calls the same
 verifiers in one thread with no isolation and no deadline. Each is timed `--repeats` times; the
 medians and their ratio (service / in-process) are printed, and both paths' scores must agree.
 
@@ -15,6 +16,7 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -63,6 +65,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, help="timed repetitions per path")
     parser.add_argument("--batch", type=int, default=64, help="items per Score request (default 64)")
     parser.add_argument("--parallel", type=int, default=2, help="verifier worker processes (default 2)")
+    parser.add_argument("--concurrency", type=int, default=2, help="Score requests in flight at once (default 2)")
     args = parser.parse_args()
     samples = args.samples or (256 if args.quick else 2048)
     repeats = args.repeats or (3 if args.quick else 5)
@@ -79,19 +82,19 @@ def main() -> int:
     local_times, service_times = [], []
     with VerifierPool(args.parallel, cfg.rl_config.verifier_timeout) as pool:
         server = start_server(cfg, pool, "127.0.0.1", 0)
-        with RewardClient(f"127.0.0.1:{server.port}") as client:
+        with RewardClient(f"127.0.0.1:{server.port}") as client, ThreadPoolExecutor(args.concurrency) as requests:
             served = [r for batch in batches for r in client.score(batch)]
             # alternate the two paths so both see the same load on a shared machine
             for _ in range(repeats):
                 local_times.append(time_it(lambda: score_samples(inputs, plan, in_process)))
-                service_times.append(time_it(lambda: [client.score(batch) for batch in batches]))
+                service_times.append(time_it(lambda: list(requests.map(client.score, batches))))
         server.stop()
 
     mismatched = sum(abs(a.total - b.total) > 1e-6 for a, b in zip(reference, served))
     local_rate = samples / statistics.median(local_times)
     service_rate = samples / statistics.median(service_times)
     print(f"reward bench: {samples} samples x {len(VERIFIERS)} verifiers ({', '.join(VERIFIERS)}), "
-          f"{repeats} repeats, batch {args.batch}, {args.parallel} workers")
+          f"{repeats} repeats, batch {args.batch}, {args.concurrency} requests in flight, {args.parallel} workers")
     print(f"  in-process verifiers : {local_rate:9.1f} samples/s  (median {statistics.median(local_times):.3f} s)")
     print(f"  gRPC service         : {service_rate:9.1f} samples/s  (median {statistics.median(service_times):.3f} s)")
     print(f"  ratio service / in-process: {service_rate / local_rate:.2f}x   score mismatches: {mismatched}")
