@@ -118,11 +118,14 @@ class WeightReceiver:
                 if forwarder is not None:
                     await forwarder.cancel()
                 raise
+            received = time.perf_counter()
             await self.engine.commit_staged_weights(push.version)
+            committed = time.perf_counter()
             downstream = await forwarder.finish() if forwarder is not None else 0
             seconds = time.perf_counter() - start
             log_event(
                 log, "weights applied", version=push.version, bytes=push.bytes_received, seconds=f"{seconds:.3f}",
+                receive_and_stage_s=f"{received - start:.3f}", commit_s=f"{committed - received:.3f}",
                 mb_per_s=f"{push.bytes_received / max(seconds, 1e-9) / 1e6:.1f}", forwarded_to=downstream,
             )
             return PushResult(push.version, push.bytes_received, seconds, 1 + downstream)

@@ -11,89 +11,39 @@ import dataclasses
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import grpc
 
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
+from services.rollout.launcher import LocalReplica, spawn_replica
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TOKEN = "rollout-test-token"
 MAX_QUEUE = 4
 MAX_MODEL_LEN = 128
-START_TIMEOUT_S = 240
-
-
-@dataclasses.dataclass
-class RolloutServer:
-    """One running `python -m services.rollout serve` process."""
-
-    proc: subprocess.Popen
-    grpc_port: int
-    http_port: int
-    log_path: pathlib.Path
-    model_name: str
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def http_base(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
-
-    def stub(self) -> rollout_pb2_grpc.RolloutStub:
-        channel = grpc.insecure_channel(self.grpc_target, options=[("grpc.max_send_message_length", 64 << 20)])
-        return rollout_pb2_grpc.RolloutStub(channel)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 @dataclasses.dataclass
 class Servers:
     model_dir: pathlib.Path
-    a: RolloutServer
-    b: RolloutServer
+    a: LocalReplica
+    b: LocalReplica
 
 
 _SERVERS: Servers | None = None
+OVERRIDES = (
+    f"rollout.max_queue={MAX_QUEUE}", f"auth.token={TOKEN}", "rollout.omp_threads_bind=nobind",
+    f"generate_config.max_model_len={MAX_MODEL_LEN}", "generate_config.dtype=float32",
+)
 
 
-def _spawn(model_dir: pathlib.Path, work: pathlib.Path, name: str, threads: str) -> tuple[subprocess.Popen, pathlib.Path, pathlib.Path]:
-    ready = work / f"{name}.ready.json"
-    log_path = work / f"{name}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "DOCKRL_LOG_LEVEL": "INFO"}
-    cmd = [
-        sys.executable, "-m", "services.rollout", "serve", "--model", str(model_dir),
-        "--grpc-port", "0", "--http-port", "0", "--host", "127.0.0.1", "--served-model-name", "tiny",
-        "--ready-file", str(ready),
-        "--set", f"rollout.max_queue={MAX_QUEUE}", "--set", f"auth.token={TOKEN}",
-        "--set", f"rollout.omp_threads_bind={threads}", "--set", f"generate_config.max_model_len={MAX_MODEL_LEN}",
-        "--set", "generate_config.dtype=float32",
-    ]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    return proc, ready, log_path
-
-
-def _wait_ready(proc: subprocess.Popen, ready: pathlib.Path, log_path: pathlib.Path) -> dict:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"rollout server did not start; log:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.5)
-    return json.loads(ready.read_text())
+def rollout_stub(replica: LocalReplica) -> rollout_pb2_grpc.RolloutStub:
+    """A blocking Rollout client of `replica`."""
+    channel = grpc.insecure_channel(replica.grpc_target, options=[("grpc.max_send_message_length", 64 << 20)])
+    return rollout_pb2_grpc.RolloutStub(channel)
 
 
 def shared_servers(request) -> Servers:
@@ -104,17 +54,15 @@ def shared_servers(request) -> Servers:
 
         work = pathlib.Path(tempfile.mkdtemp(prefix="rollout-test-"))
         model_dir = build_tiny_model(work / "model")
-        spawned = {name: _spawn(model_dir, work, name, "nobind") for name in ("a", "b")}
-        started = {}
-        for name, (proc, ready, log_path) in spawned.items():
-            ports = _wait_ready(proc, ready, log_path)
-            started[name] = RolloutServer(proc, ports["grpc_port"], ports["http_port"], log_path, "tiny")
-        _SERVERS = Servers(model_dir, started["a"], started["b"])
+        env = {"OMP_NUM_THREADS": "1"}  # two replicas and the test share two cores
+        pending = [spawn_replica(model_dir, work, name, OVERRIDES, "tiny", env) for name in ("a", "b")]
+        started = [p.wait() for p in pending]
+        _SERVERS = Servers(model_dir, *started)
 
         def stop_all() -> None:
             global _SERVERS
-            for server in started.values():
-                server.stop()
+            for replica in started:
+                replica.stop()
             _SERVERS = None
 
         request.config.add_cleanup(stop_all)

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rollout_harness import (
     MAX_MODEL_LEN, MAX_QUEUE, TOKEN, greedy_request, hf_greedy, hf_logprobs, load_hf_model, offline_vllm_generate,
-    shared_servers,
+    shared_servers, rollout_stub,
 )
 from services.common.auth import bearer_metadata
 from services.common.pb import rollout_pb2
@@ -37,7 +37,7 @@ def http_completion(base: str, prompt, **fields) -> httpx.Response:
 
 
 def test_greedy_is_identical_over_grpc_http_and_offline_vllm(servers, hf_model):
-    stub = servers.a.stub()
+    stub = rollout_stub(servers.a)
     grpc_ids = [list(stub.Generate(greedy_request(p, MAX_TOKENS)).completions[0].token_ids) for p in PROMPTS]
     again = [list(stub.Generate(greedy_request(p, MAX_TOKENS)).completions[0].token_ids) for p in PROMPTS]
     http_ids = []
@@ -53,7 +53,7 @@ def test_greedy_is_identical_over_grpc_http_and_offline_vllm(servers, hf_model):
 
 
 def test_streamed_tokens_equal_unary_ones(servers):
-    stub = servers.a.stub()
+    stub = rollout_stub(servers.a)
     unary = stub.Generate(greedy_request(PROMPTS[0], MAX_TOKENS)).completions[0]
     chunks = list(stub.GenerateStream(greedy_request(PROMPTS[0], MAX_TOKENS)))
     assert [t for c in chunks for t in c.token_ids] == list(unary.token_ids)
@@ -62,7 +62,7 @@ def test_streamed_tokens_equal_unary_ones(servers):
 
 
 def test_logprobs_match_hf_recomputation(servers, hf_model):
-    stub = servers.a.stub()
+    stub = rollout_stub(servers.a)
     for prompt in PROMPTS:
         completion = stub.Generate(greedy_request(prompt, MAX_TOKENS)).completions[0]
         expected = hf_logprobs(hf_model, prompt, list(completion.token_ids))
@@ -79,7 +79,7 @@ def test_logprobs_match_hf_recomputation(servers, hf_model):
 
 
 def test_text_prompt_and_info_and_health(servers):
-    stub = servers.a.stub()
+    stub = rollout_stub(servers.a)
     response = stub.Generate(rollout_pb2.GenerateRequest(text="Hello", model="tiny", sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=4)))
     assert response.prompt_tokens == 5 and len(response.completions[0].token_ids) <= 4
     info = stub.GetInfo(rollout_pb2.GetInfoRequest())
@@ -101,13 +101,13 @@ def test_text_prompt_and_info_and_health(servers):
 ])
 def test_grpc_rejects_bad_sampling(servers, sampling, message):
     with pytest.raises(grpc.RpcError) as info:
-        servers.a.stub().Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]), sampling=sampling))
+        rollout_stub(servers.a).Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]), sampling=sampling))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert __import__("re").search(message, info.value.details()), info.value.details()
 
 
 def test_grpc_rejects_oversize_prompt_and_unknown_model(servers):
-    stub = servers.a.stub()
+    stub = rollout_stub(servers.a)
     with pytest.raises(grpc.RpcError, match=r"prompt: has 200 tokens; max_model_len is 128, so at most 127 fit") as info:
         stub.Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=[65] * 200)))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -140,13 +140,13 @@ def test_queue_bound_answers_429_and_resource_exhausted(servers):
             body = {"model": "tiny", "prompt": [65] * 8, "max_tokens": 100, "temperature": 0, "ignore_eos": True}
             long_ones = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(MAX_QUEUE)]
             for _ in range(200):  # until all of them are admitted
-                info = servers.a.stub().GetInfo(rollout_pb2.GetInfoRequest())
+                info = rollout_stub(servers.a).GetInfo(rollout_pb2.GetInfoRequest())
                 if info.queue_depth >= MAX_QUEUE:
                     break
                 await asyncio.sleep(0.02)
             refused = await client.post("/v1/completions", json={**body, "max_tokens": 2})
             with pytest.raises(grpc.RpcError) as info:
-                servers.a.stub().Generate(greedy_request(PROMPTS[0], 2))
+                rollout_stub(servers.a).Generate(greedy_request(PROMPTS[0], 2))
             done = await asyncio.gather(*long_ones)
             after = await client.post("/v1/completions", json={**body, "max_tokens": 2})
             return refused, info.value, done, after
@@ -160,7 +160,7 @@ def test_queue_bound_answers_429_and_resource_exhausted(servers):
 
 
 def test_abort_needs_the_token_and_stops_a_request(servers):
-    stub = servers.a.stub()
+    stub = rollout_stub(servers.a)
     request = rollout_pb2.GenerateRequest(
         request_id="abort-me", token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]),
         sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=120, ignore_eos=True),

@@ -5,7 +5,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from rollout_harness import greedy_request, hf_logprobs, load_hf_model, shared_servers
+from rollout_harness import greedy_request, hf_logprobs, load_hf_model, shared_servers, rollout_stub
 
 pytestmark = pytest.mark.service
 
@@ -24,7 +24,7 @@ def client(servers):
 
 
 def grpc_greedy(servers, prompt_ids):
-    return servers.a.stub().Generate(greedy_request(prompt_ids, MAX_TOKENS)).completions[0]
+    return rollout_stub(servers.a).Generate(greedy_request(prompt_ids, MAX_TOKENS)).completions[0]
 
 
 def test_models_list(client):
@@ -34,7 +34,7 @@ def test_models_list(client):
 def test_completions_stream_and_not_agree_with_grpc(client, servers):
     request = greedy_request([], MAX_TOKENS)
     request.text = "Hello"  # a text prompt: gRPC returns the text too
-    expected = servers.a.stub().Generate(request).completions[0]
+    expected = rollout_stub(servers.a).Generate(request).completions[0]
     assert expected.text
     full = client.completions.create(model="tiny", prompt="Hello", logprobs=2, **GREEDY_NO_EOS)
     choice = full.choices[0]

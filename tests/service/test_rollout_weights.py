@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from rollout_harness import TOKEN, greedy_request, hf_greedy, hf_logprobs, load_hf_model, shared_servers
+from rollout_harness import TOKEN, greedy_request, hf_greedy, hf_logprobs, load_hf_model, shared_servers, rollout_stub
 from services.common.auth import bearer_metadata
 from services.common.pb import rollout_pb2
 from services.rollout.weight_chunks import weight_chunks
@@ -37,11 +37,11 @@ def weights(servers):
 
 def push(server, state: dict, version: int, forward_to=(), token: str = TOKEN):
     chunks = weight_chunks(sorted(state.items()), version, BUCKET_BYTES, CHUNK_BYTES, forward_to)
-    return server.stub().UpdateWeights(chunks, metadata=bearer_metadata(token))
+    return rollout_stub(server).UpdateWeights(chunks, metadata=bearer_metadata(token))
 
 
 def served(server) -> list[rollout_pb2.Completion]:
-    return [server.stub().Generate(greedy_request(p, MAX_TOKENS)).completions[0] for p in PROMPTS]
+    return [rollout_stub(server).Generate(greedy_request(p, MAX_TOKENS)).completions[0] for p in PROMPTS]
 
 
 def assert_serves(server, hf_model, version: int) -> None:
@@ -49,7 +49,7 @@ def assert_serves(server, hf_model, version: int) -> None:
         assert list(completion.token_ids) == hf_greedy(hf_model, prompt, MAX_TOKENS)
         assert list(completion.logprobs) == pytest.approx(hf_logprobs(hf_model, prompt, list(completion.token_ids)), abs=1e-4)
         assert list(completion.versions) == [version] * MAX_TOKENS
-    assert server.stub().GetInfo(rollout_pb2.GetInfoRequest()).version == version
+    assert rollout_stub(server).GetInfo(rollout_pb2.GetInfoRequest()).version == version
 
 
 def test_chain_push_serves_new_weights_on_both_replicas_then_broken_pushes_are_refused(servers, weights):

@@ -1,0 +1,139 @@
+"""Tokens/s through the rollout server's gRPC and HTTP APIs vs. vLLM offline `LLM.generate`.
+
+Same model, engine settings, prompts and sampling params (greedy, EOS ignored, so every run
+generates the same number of tokens); all prompts of a repetition are in flight at once.
+Prints the median tokens/s of each path and its ratio to offline vLLM.
+
+    python bench/bench_rollout.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 64, "seed": 1234}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def prompts_for(count: int, length: int) -> list[list[int]]:
+    """Deterministic distinct byte-token prompts."""
+    return [[(97 + (i * 7 + j) % 26) for j in range(length)] for i in range(count)]
+
+
+def offline_worker(model: str, prompts: list[list[int]], max_tokens: int, reps: int) -> list[float]:
+    """Runs in a subprocess: seconds per repetition of LLM.generate over all prompts (after a warm-up)."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=model, enforce_eager=True, **ENGINE)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    llm.generate(batch, params, use_tqdm=False)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        llm.generate(batch, params, use_tqdm=False)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+async def grpc_rep(target: str, prompts: list[list[int]], max_tokens: int) -> float:
+    import grpc
+
+    from services.common.pb import rollout_pb2, rollout_pb2_grpc
+
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = rollout_pb2_grpc.RolloutStub(channel)
+        sampling = rollout_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        out = await asyncio.gather(*(stub.Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=p), sampling=sampling)) for p in prompts))
+        seconds = time.perf_counter() - start
+    assert all(len(r.completions[0].token_ids) == max_tokens for r in out)
+    return seconds
+
+
+async def http_rep(base: str, model: str, prompts: list[list[int]], max_tokens: int) -> float:
+    import httpx
+
+    limits = httpx.Limits(max_connections=len(prompts))
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+        body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        start = time.perf_counter()
+        out = await asyncio.gather(*(client.post("/v1/completions", json={**body, "prompt": p}) for p in prompts))
+        seconds = time.perf_counter() - start
+    assert all(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens for r in out)
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="16 prompts x 32 tokens, 3 repetitions")
+    parser.add_argument("--model", default="", help="HF model directory (default: build the tiny model)")
+    parser.add_argument("--prompts", type=int, default=64, help="prompts in flight per repetition")
+    parser.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per path (medians reported)")
+    parser.add_argument("--offline-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.offline_worker:
+        spec = json.loads(args.offline_worker)
+        out = pathlib.Path(spec.pop("out"))
+        out.write_text(json.dumps(offline_worker(**spec)))
+        return 0
+    if args.quick:
+        args.prompts, args.max_tokens, args.reps = 16, 32, 3
+
+    from services.rollout.launcher import spawn_replica
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    model = args.model
+    if not model:
+        from services.common.tiny_model import build_tiny_model
+
+        model = str(build_tiny_model(work / "model"))
+    prompts = prompts_for(args.prompts, args.prompt_len)
+    print(f"model={model} prompts={args.prompts}x{args.prompt_len} max_tokens={args.max_tokens} reps={args.reps}", flush=True)
+
+    # 1. offline vLLM in its own process (so both engines never share the cores)
+    out = work / "offline.json"
+    spec = {"model": model, "prompts": prompts, "max_tokens": args.max_tokens, "reps": args.reps, "out": str(out)}
+    with open(work / "offline.log", "wb") as log:
+        subprocess.run([sys.executable, __file__, "--offline-worker", json.dumps(spec)], env={**os.environ, **ENV},
+                       stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
+    offline = json.loads(out.read_text())
+
+    # 2. our server: gRPC and HTTP repetitions interleaved, after one warm-up of each
+    overrides = [f"generate_config.{k}={v}" for k, v in ENGINE.items()] + ["rollout.omp_threads_bind=nobind", "rollout.max_queue=1024"]
+    replica = spawn_replica(model, work, "bench", overrides, "bench", ENV).wait()
+    try:
+        asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens))
+        asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens))
+        grpc_times, http_times = [], []
+        for _ in range(args.reps):
+            grpc_times.append(asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens)))
+            http_times.append(asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens)))
+    finally:
+        replica.stop()
+
+    tokens = args.prompts * args.max_tokens
+    base = tokens / statistics.median(offline)
+    print(f"{'path':<16}{'median tok/s':>14}{'vs offline':>12}   per-rep tok/s")
+    for name, times in (("vLLM offline", offline), ("gRPC Generate", grpc_times), ("HTTP completions", http_times)):
+        rate = tokens / statistics.median(times)
+        print(f"{name:<16}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in times)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
