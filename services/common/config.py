@@ -8,6 +8,8 @@ the bad value and what would be accepted.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import os
 import pathlib
 import types
 import typing
@@ -32,33 +34,33 @@ class ConfigError(ValueError):
 class SamplingConfig:
     """vLLM sampling parameters used for rollout (generate_config.sampling_config)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # softmax temperature; 0 is greedy
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]
     top_k: int = -1  # -1 disables top-k
-    min_p: float = 0.0
+    min_p: float = 0.0  # minimum token probability relative to the best token
     max_tokens: int = 2048  # response budget; must equal rl_config.rollout_max_tokens
     logprobs: int = 1  # 1 returns the sampled token's logprob (the trainer needs it)
     n: int = 1  # completions per request; the dock worker asks n_samples_per_prompt
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    detokenize: bool = False
+    stop: tuple[str, ...] = ()  # strings that end a response
+    seed: int | None = None  # random seed
+    detokenize: bool = False  # return text as well as token ids to the dock worker
 
 
 @dataclass(frozen=True)
 class GenerateConfig:
     """The rollout engine (vLLM) settings."""
 
-    infer_tensor_parallel_size: int = 1
-    infer_pipeline_parallel_size: int = 1
-    max_num_seqs: int = 256
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 8192
-    gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = False
+    infer_tensor_parallel_size: int = 1  # vLLM tensor parallel size per rollout replica
+    infer_pipeline_parallel_size: int = 1  # vLLM pipeline parallel size per rollout replica
+    max_num_seqs: int = 256  # sequences vLLM schedules at once
+    max_model_len: int = 4096  # prompt + response tokens the engine accepts
+    max_num_batched_tokens: int = 8192  # tokens per engine step
+    gpu_memory_utilization: float = 0.9  # share of accelerator memory vLLM may take
+    enforce_eager: bool = True  # no CUDA graphs (always eager on CPU)
+    enable_prefix_caching: bool = False  # reuse KV cache across requests with a common prefix
     dtype: str = "bfloat16"  # float32 | bfloat16 | float16
-    trust_remote_code: bool = False
-    seed: int = 1234
+    trust_remote_code: bool = False  # allow model code from the checkpoint directory
+    seed: int = 1234  # random seed
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -67,60 +69,60 @@ class GenerateConfig:
 class ActorResource:
     """Processes (GPUs / NPUs / CPU ranks) the actor trains on."""
 
-    num_npus: int = 1
+    num_npus: int = 1  # ranks the actor trains on (GPUs, NPUs or CPU processes)
 
 
 @dataclass(frozen=True)
 class RLConfig:
     """Algorithm settings (rl_config), with MindSpeed-RL's names and defaults."""
 
-    n_samples_per_prompt: int = 1
-    max_prompt_length: int = 2048
+    n_samples_per_prompt: int = 1  # responses per prompt (the group size n)
+    max_prompt_length: int = 2048  # longest prompt in tokens
     adv_estimator: str = "group_norm"  # group_norm | gae
     kl_penalty: str = "low_var_kl"  # kl (k1) | abs | mse | low_var_kl
-    kl_ctrl_type: str = "fixed"
-    init_kl_coef: float = 0.001
-    use_kl_in_reward: bool = False
-    gamma: float = 1.0
-    lam: float = 0.95
-    clip_ratio: float = 0.2
-    clip_higher_enable: bool = False
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
+    kl_ctrl_type: str = "fixed"  # KL coefficient control (fixed)
+    init_kl_coef: float = 0.001  # KL penalty coefficient
+    use_kl_in_reward: bool = False  # subtract the KL penalty from the reward (PPO) instead of the loss
+    gamma: float = 1.0  # GAE discount
+    lam: float = 0.95  # GAE lambda
+    clip_ratio: float = 0.2  # PPO clip range epsilon
+    clip_higher_enable: bool = False  # DAPO clip-higher: use clip_ratio_low / clip_ratio_high
+    clip_ratio_low: float = 0.2  # lower clip range with clip-higher
+    clip_ratio_high: float = 0.28  # upper clip range with clip-higher
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
-    token_level_loss: bool = True
-    entropy_coeff: float = 0.0
-    cliprange_value: float = 0.5
+    token_level_loss: bool = True  # average the loss over tokens of the batch (DAPO) rather than per sequence
+    entropy_coeff: float = 0.0  # entropy bonus coefficient
+    cliprange_value: float = 0.5  # critic value clip range (PPO)
     mini_batch_size: int | None = None  # samples per update; default GBS * n
-    epochs: int = 1
-    shuffle_mini_batch: bool = False
-    guarantee_order: bool = False
-    partial_rollout_max_split: int = 1
-    require_max_age_all_finished: bool = True
-    rollout_max_tokens: int = 2048
-    overlong_buffer_enable: bool = False
-    overlong_buffer: int = 0
-    overlong_buffer_penalty_factor: float = 1.0
-    filter_groups_enable: bool = False
-    filter_groups_metric: str = "acc"
-    filter_groups_max_batches: int = 10
-    verifier_function: tuple[str, ...] = ("base_acc",)
-    verifier_weight: tuple[float, ...] = (1.0,)
-    verifier_parallel: int = 1
-    verifier_timeout: float = 30.0
-    use_remove_padding: bool = False
-    use_dynamic_bsz: bool = False
-    max_packing_token_size: int = 4096
+    epochs: int = 1  # passes over each iteration's data
+    shuffle_mini_batch: bool = False  # shuffle samples before splitting into mini-batches
+    guarantee_order: bool = False  # claims return rows in index order (reproducible runs)
+    partial_rollout_max_split: int = 1  # split a response budget into this many rollout rounds (1: off)
+    require_max_age_all_finished: bool = True  # finish every group at the maximum age before the iteration ends
+    rollout_max_tokens: int = 2048  # response budget the overlong penalty measures against
+    overlong_buffer_enable: bool = False  # DAPO overlong reward shaping
+    overlong_buffer: int = 0  # tokens before rollout_max_tokens where the penalty ramps
+    overlong_buffer_penalty_factor: float = 1.0  # penalty at rollout_max_tokens
+    filter_groups_enable: bool = False  # DAPO dynamic sampling: drop groups whose metric has std 0
+    filter_groups_metric: str = "acc"  # metric dynamic sampling looks at
+    filter_groups_max_batches: int = 10  # extra prompt batches dynamic sampling may draw per iteration
+    verifier_function: tuple[str, ...] = ("base_acc",)  # rule verifiers summed into the reward
+    verifier_weight: tuple[float, ...] = (1.0,)  # one weight per verifier_function entry
+    verifier_parallel: int = 1  # verifier worker processes per reward replica
+    verifier_timeout: float = 30.0  # seconds per sample before the verifier's timeout score is given
+    use_remove_padding: bool = False  # pack sequences without padding for logprob/update passes
+    use_dynamic_bsz: bool = False  # form micro-batches by token count instead of sample count
+    max_packing_token_size: int = 4096  # tokens per packed micro-batch with use_dynamic_bsz
     max_staleness: int = 0  # AReaL's eta: 0 is synchronous
-    use_tensorboard: bool = True
+    use_tensorboard: bool = True  # write TensorBoard scalars
     actor_resource: ActorResource = field(default_factory=ActorResource)
     # Derived at load as MindSpeed-RL derives them when left unset.
-    actor_rollout_dispatch_size: int | None = None
-    actor_logprob_dispatch_size: int | None = None
-    ref_dispatch_size: int | None = None
-    adv_dispatch_size: int | None = None
-    actor_update_dispatch_size: int | None = None
-    reward_dispatch_size: int | None = None
+    actor_rollout_dispatch_size: int | None = None  # samples per rollout claim
+    actor_logprob_dispatch_size: int | None = None  # samples per old-logprob claim
+    ref_dispatch_size: int | None = None  # samples per reference-logprob claim
+    adv_dispatch_size: int | None = None  # samples per advantage claim
+    actor_update_dispatch_size: int | None = None  # samples per update claim
+    reward_dispatch_size: int | None = None  # samples per reward claim
 
 
 @dataclass(frozen=True)
@@ -128,28 +130,28 @@ class MegatronTrainingConfig:
     """The trainer's model, data and optimiser settings (megatron_training)."""
 
     model: str = "model"  # a name for logs
-    tokenizer_name_or_path: str = ""
+    tokenizer_name_or_path: str = ""  # Hugging Face tokenizer directory
     load: str = ""  # Hugging Face checkpoint the run starts from
     save: str = ""  # checkpoint directory
     data_path: str = ""  # preprocessed prompts (dockrl data preprocess)
     global_batch_size: int = 1  # prompts per iteration
-    micro_batch_size: int = 1
-    seq_length: int = 4096
-    train_iters: int = 1
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    lr: float = 1e-6
-    min_lr: float = 0.0
+    micro_batch_size: int = 1  # samples per forward/backward
+    seq_length: int = 4096  # longest prompt + response the trainer handles
+    train_iters: int = 1  # RL iterations
+    tensor_model_parallel_size: int = 1  # Megatron tensor parallel size
+    pipeline_model_parallel_size: int = 1  # Megatron pipeline parallel size
+    lr: float = 1e-6  # peak learning rate (AdamW)
+    min_lr: float = 0.0  # learning rate at the end of a decay
     lr_decay_style: str = "constant"  # constant | linear | cosine
-    lr_warmup_fraction: float = 0.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    bf16: bool = False
+    lr_warmup_fraction: float = 0.0  # share of train_iters spent warming up
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_beta1: float = 0.9  # AdamW beta1
+    adam_beta2: float = 0.95  # AdamW beta2
+    adam_eps: float = 1e-8  # AdamW epsilon
+    clip_grad: float = 1.0  # gradient norm clip
+    bf16: bool = False  # train in bfloat16 (fp32 when false)
     save_interval: int = 0  # 0: only at the end
-    seed: int = 1234
+    seed: int = 1234  # random seed
     distributed_backend: str = "auto"  # auto | gloo | nccl | hccl
 
 
@@ -157,13 +159,13 @@ class MegatronTrainingConfig:
 class RolloutServiceConfig:
     """Where rollout replicas listen and how much they queue."""
 
-    host: str = "127.0.0.1"
-    grpc_port: int = 50051
-    http_port: int = 8000
-    replicas: int = 1
+    host: str = "127.0.0.1"  # bind address
+    grpc_port: int = 50051  # gRPC port
+    http_port: int = 8000  # OpenAI-compatible HTTP port
+    replicas: int = 1  # replicas `dockrl up` starts
     max_queue: int = 256  # requests waiting or running; past it 429 / RESOURCE_EXHAUSTED
     served_model_name: str = ""  # default: the model directory's name
-    heartbeat_ttl_s: float = 10.0
+    heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
     omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU
 
 
@@ -171,20 +173,21 @@ class RolloutServiceConfig:
 class RewardServiceConfig:
     """Where reward replicas listen."""
 
-    host: str = "127.0.0.1"
-    grpc_port: int = 50061
-    replicas: int = 1
+    host: str = "127.0.0.1"  # bind address
+    grpc_port: int = 50061  # gRPC port
+    replicas: int = 1  # replicas `dockrl up` starts
 
 
 @dataclass(frozen=True)
 class TrainerServiceConfig:
     """The trainer's control port, weight push and logs."""
 
-    host: str = "127.0.0.1"
-    grpc_port: int = 50071
-    bucket_mb: int = 64
+    host: str = "127.0.0.1"  # bind address
+    grpc_port: int = 50071  # gRPC port
+    bucket_mb: int = 64  # weight-push bucket size in MiB
     push_mode: str = "fanout"  # fanout | chain
-    log_dir: str = "runs/default"
+    log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
+    eval_data_path: str = ""  # preprocessed held-out prompts; empty: no evaluation
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
 
 
@@ -193,19 +196,25 @@ class DockConfig:
     """The Redis-backed data dock."""
 
     redis_url: str = ""  # empty: `dockrl up` starts a local redis-server
-    prefix: str = "dockrl"
-    run_id: str = "default"
-    lease_seconds: float = 120.0
+    prefix: str = "dockrl"  # Redis key prefix
+    run_id: str = "default"  # run name; keys live under prefix:run_id
+    lease_seconds: float = 120.0  # a claim returns to the pool if not put back within this time
     durability: bool = False  # ask Redis for AOF with appendfsync everysec
-    redis_password: str = ""
-    redis_tls: bool = False
+    redis_password: str = ""  # Redis AUTH password
+    redis_tls: bool = False  # connect to Redis over TLS
+    redis_username: str = ""  # Redis ACL user; empty: the default user
+    redis_tls_ca_file: str = ""  # CA bundle that signs the server's certificate (with redis_tls)
+    socket_timeout_s: float = 30.0  # a Redis call that takes longer fails as Unavailable
+    capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout
+    rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
+    claim_poll_s: float = 0.05  # how often a waiting claim asks again
 
 
 @dataclass(frozen=True)
 class AuthConfig:
     """Shared bearer token for calls that change weights or data; empty disables the check."""
 
-    token: str = ""
+    token: str = ""  # the token itself (prefer token_env)
     token_env: str = "DOCKRL_TOKEN"  # read when `token` is empty
 
 
@@ -213,14 +222,28 @@ class AuthConfig:
 class InitModelConfig:
     """A tiny Qwen2-layout model built locally (`dockrl init-model`)."""
 
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    intermediate_size: int = 384
-    max_position_embeddings: int = 512
-    tie_word_embeddings: bool = False
-    seed: int = 0
+    hidden_size: int = 128  # model width
+    num_layers: int = 2  # transformer layers
+    num_attention_heads: int = 4  # query heads (hidden_size / heads must be a vLLM CPU head_dim)
+    num_key_value_heads: int = 2  # KV heads (GQA)
+    intermediate_size: int = 384  # SwiGLU hidden size
+    max_position_embeddings: int = 512  # RoPE positions
+    tie_word_embeddings: bool = False  # share input embedding and output layer
+    seed: int = 0  # random seed
+    prompt_type: str = "empty"  # chat template stored with the tokenizer
+    warm_start_accuracy: float = 0.0  # SFT until this greedy train accuracy; 0 skips the warm start
+    warm_start_max_steps: int = 2000  # SFT step limit
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """The generated arithmetic dataset of the demo (`a op b=` -> `\\boxed{answer}`)."""
+
+    out_dir: str = "runs/data"  # raw train.jsonl / test.jsonl land here
+    max_operand: int = 9  # operands in [0, max_operand]
+    ops: tuple[str, ...] = ("+",)  # operators: + - *
+    test_fraction: float = 0.2  # share of problems held out for evaluation
+    seed: int = 0  # shuffle seed
 
 
 @dataclass(frozen=True)
@@ -236,6 +259,7 @@ class Config:
     dock: DockConfig = field(default_factory=DockConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     init_model: InitModelConfig | None = None
+    arithmetic: ArithmeticConfig | None = None
 
     @property
     def samples_per_iteration(self) -> int:
@@ -315,7 +339,9 @@ def _build(cls: type, data: dict, path: str, errors: list[str]) -> Any:
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
         if key not in names:
-            errors.append(f"{full}: unknown key (known keys of {path or 'the top level'}: {', '.join(sorted(names))})")
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(names))}"
+            errors.append(f"{full}: unknown key ({hint})")
             continue
         kwargs[key] = _coerce(value, hints[key], full, errors)
     try:
@@ -400,6 +426,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("reward.replicas", cfg.reward.replicas),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
+        ("dock.socket_timeout_s", cfg.dock.socket_timeout_s),
+        ("dock.claim_poll_s", cfg.dock.claim_poll_s),
     ]:
         _check_positive(errors, path, value)
     for path, value in [
@@ -485,6 +513,15 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                 f"rl_config.mini_batch_size: {rl.mini_batch_size} is not a multiple of micro_batch_size * "
                 f"data-parallel size = {mt.micro_batch_size * cfg.actor_data_parallel_size}"
             )
+    if cfg.dock.capacity_groups and cfg.dock.capacity_groups < mt.global_batch_size:
+        errors.append(
+            f"dock.capacity_groups: {cfg.dock.capacity_groups} < megatron_training.global_batch_size "
+            f"{mt.global_batch_size}; the pool must hold one iteration (or 0 for the default)"
+        )
+    _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
+    for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
+        if not value or ":" in value or "*" in value:
+            errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
     for svc in ("rollout", "reward", "trainer"):
         for port_key in ("grpc_port", "http_port"):
             port = getattr(getattr(cfg, svc), port_key, None)
@@ -508,6 +545,17 @@ def _apply_override(data: dict, override: str) -> None:
     node[parts[-1]] = yaml.safe_load(raw)
 
 
+def parse_dataclass(cls: type, data: dict, path: str = ""):
+    """Builds any config dataclass from a mapping with the same checks as the run config."""
+    errors: list[str] = []
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}"])
+    value = _build(cls, data, path, errors)
+    if errors:
+        raise ConfigError(errors)
+    return value
+
+
 def config_from_dict(data: dict, overrides: typing.Sequence[str] = ()) -> Config:
     """Builds and validates a Config from a parsed YAML mapping plus `section.key=value` overrides."""
     data = dict(data or {})
@@ -523,8 +571,27 @@ def config_from_dict(data: dict, overrides: typing.Sequence[str] = ()) -> Config
     return cfg
 
 
+ENV_PREFIX = "DOCKRL__"
+
+
+def env_overrides(environ: typing.Mapping[str, str] | None = None) -> list[str]:
+    """`DOCKRL__SECTION__KEY=value` environment variables as `section.key=value` overrides.
+
+    Containers configure services this way (compose, Kubernetes); sections nest with `__`.
+    """
+    environ = os.environ if environ is None else environ
+    return [
+        f"{name[len(ENV_PREFIX):].lower().replace('__', '.')}={value}"
+        for name, value in sorted(environ.items())
+        if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX)
+    ]
+
+
 def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """Loads a YAML config file (default: the embedded tiny CPU config)."""
+    """Loads a YAML config file (default: the embedded tiny CPU config).
+
+    Precedence: the file, then `DOCKRL__SECTION__KEY` environment variables, then `overrides`.
+    """
     path = pathlib.Path(path) if path else DEFAULT_CONFIG
     try:
         data = yaml.safe_load(path.read_text())
@@ -534,7 +601,7 @@ def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequen
         raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections"])
-    return config_from_dict(data or {}, overrides)
+    return config_from_dict(data or {}, [*env_overrides(), *overrides])
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -1,0 +1,88 @@
+"""Writes docs/config.md from the config dataclasses (their docstrings and field comments).
+
+`python scripts/gen_config_docs.py` rewrites it; `--check` exits 1 when it is out of date.
+"""
+import argparse
+import dataclasses
+import inspect
+import pathlib
+import re
+import sys
+import typing
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from services.common import config as C  # noqa: E402
+
+INTRO = """# Configuration reference
+
+One YAML file; sections and keys as in MindSpeed-RL where they exist there. Every key is optional;
+the default is shown. Validation runs once at load (`dockrl config check --config FILE`) and
+reports every error with its key path. `--set section.key=value` overrides a key.
+
+The `*_dispatch_size` keys of `rl_config`, when unset, are derived as MindSpeed-RL derives them:
+`global_batch_size * n_samples_per_prompt / dp`, where dp is `rollout.replicas` for
+`actor_rollout_dispatch_size`, the actor's data-parallel size (`actor_resource.num_npus / (TP * PP)`)
+for the logprob, ref and update sizes, and 1 for `adv_dispatch_size` and `reward_dispatch_size`.
+`mini_batch_size` defaults to `global_batch_size * n_samples_per_prompt`.
+"""
+
+OUTRO = """## Tiny model and data
+
+`dockrl init-model --out DIR` builds the `init_model` architecture with a byte-level tokenizer
+(256 byte tokens and `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, `<|pad|>`).
+`dockrl data make-arithmetic --out DIR` writes disjoint `train.jsonl` / `test.jsonl`
+(`{"problem": "3+5=", "answer": "8"}`). `dockrl data preprocess` takes MindSpeed-RL's preprocessing
+keys (`input`, `tokenizer_name_or_path`, `output_prefix`, `handler_name`, `prompt_type`, `map_keys`,
+`seq_length`, `workers`, `log_interval`) from `--config` or flags and writes `PREFIX.jsonl` (index,
+prompt, prompt_ids, label) and `PREFIX.meta.json`; `megatron_training.data_path` names PREFIX.
+"""
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    notes = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+):[^=]+=\s*.+?\s+#\s*(.*)$", line)
+        if m:
+            notes[m.group(1)] = m.group(2).replace("|", "\\|")
+    return notes
+
+
+def _section(name: str, cls: type, out: list[str]) -> None:
+    out += [f"## `{name}`", "", (cls.__doc__ or "").strip(), "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    notes, hints = _field_comments(cls), typing.get_type_hints(cls)
+    nested = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            nested.append((f"{name}.{f.name}", tp))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        out.append(f"| `{f.name}` | {C._type_name(tp)} | `{default!r}` | {notes.get(f.name, '')} |")
+    out.append("")
+    for sub_name, sub in nested:
+        _section(sub_name, sub, out)
+
+
+def render() -> str:
+    """The whole reference as Markdown."""
+    out = [INTRO]
+    hints = typing.get_type_hints(C.Config)
+    for f in dataclasses.fields(C.Config):
+        tp = hints[f.name]
+        inner = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+        _section(f.name, inner[0], out)
+    out.append(OUTRO)
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--check", action="store_true", help="exit 1 when docs/config.md is out of date")
+    args = parser.parse_args()
+    path = ROOT / "docs" / "config.md"
+    text = render()
+    if args.check:
+        sys.exit(0 if path.exists() and path.read_text() == text else 1)
+    path.write_text(text)

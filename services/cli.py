@@ -1,0 +1,163 @@
+"""`dockrl`: one CLI over every service.
+
+Each service keeps its own flags in `services/<service>/cli.py` (`add_arguments`, `run`); this
+module only wires them as subcommands and hosts the few commands that belong to no service
+(model, data and config helpers). Heavy libraries load inside the command that needs them, so
+`--help` is instant.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module with add_arguments/run, one-line help)
+SERVICE_COMMANDS: dict[str, tuple[str, str]] = {}
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="run config YAML (default: the embedded configs/tiny_cpu.yaml)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one config key, e.g. --set rollout.grpc_port=50052 (repeatable)",
+    )
+
+
+def _cmd_init_model(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from services.common.config import InitModelConfig, load_config
+    from services.common.tiny_model import build_tiny_model
+
+    cfg = load_config(args.config, args.overrides)
+    init = cfg.init_model or InitModelConfig()
+    if args.seed is not None:
+        init = dataclasses.replace(init, seed=args.seed)
+    out = args.out or cfg.megatron_training.load
+    if not out:
+        print("init-model: give --out or set megatron_training.load", file=sys.stderr)
+        return 2
+    path = build_tiny_model(out, init, prompt_type=args.prompt_type or init.prompt_type)
+    print(f"tiny model written to {path}")
+    return 0
+
+
+def _cmd_data_make_arithmetic(args: argparse.Namespace) -> int:
+    from services.common.config import ArithmeticConfig
+    from services.common.arithmetic_data import write_arithmetic_dataset
+
+    spec = ArithmeticConfig(max_operand=args.max_operand, ops=tuple(args.ops), test_fraction=args.test_fraction, seed=args.seed)
+    train, test = write_arithmetic_dataset(args.out, spec)
+    print(f"wrote {train} and {test}")
+    return 0
+
+
+def _cmd_data_preprocess(args: argparse.Namespace) -> int:
+    import yaml
+
+    from services.common.config import ConfigError, parse_dataclass
+    from services.common.log import setup_logging
+    from services.common.preprocess import PreprocessConfig, preprocess
+
+    setup_logging("data")
+    data = yaml.safe_load(open(args.config)) if args.config else {}
+    for key in ("input", "tokenizer_name_or_path", "output_prefix", "handler_name", "prompt_type", "seq_length", "workers", "log_interval"):
+        value = getattr(args, key)
+        if value is not None:
+            data[key] = value
+    try:
+        cfg = parse_dataclass(PreprocessConfig, data)
+        kept = preprocess(cfg)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"preprocess: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {kept} prompts to {cfg.output_prefix}.jsonl")
+    return 0
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    import yaml
+
+    from services.common.config import ConfigError, config_to_dict, load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.print:
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    else:
+        print(f"config OK: {cfg.samples_per_iteration} samples per iteration, "
+              f"actor_rollout_dispatch_size={cfg.rl_config.actor_rollout_dispatch_size}")
+    return 0
+
+
+def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("init-model", help="build the tiny Qwen2-layout model and tokenizer locally",
+                       description="Builds a randomly initialised Qwen2-layout Hugging Face checkpoint and a byte-level "
+                                   "tokenizer from the config's init_model section (deterministic for a seed).")
+    _add_config_args(p)
+    p.add_argument("--out", help="output directory (default: megatron_training.load)")
+    p.add_argument("--seed", type=int, default=None, help="init seed (default: init_model.seed)")
+    p.add_argument("--prompt-type", default=None, help="chat template stored with the tokenizer (default: init_model.prompt_type)")
+    p.set_defaults(func=_cmd_init_model)
+
+    data = sub.add_parser("data", help="datasets: preprocess, or generate the arithmetic demo data")
+    dsub = data.add_subparsers(dest="data_command", required=True)
+    p = dsub.add_parser("preprocess", help="jsonl/parquet -> tokenized prompt dataset",
+                        description="Tokenizes a jsonl/json/parquet file of problems into {output_prefix}.jsonl. Flags override "
+                                    "the keys of the YAML given with --config (MindSpeed-RL's preprocessing keys).")
+    p.add_argument("--config", help="preprocessing YAML (input, tokenizer_name_or_path, output_prefix, handler_name, prompt_type, map_keys, ...)")
+    p.add_argument("--input", help="input .jsonl, .json or .parquet file")
+    p.add_argument("--tokenizer-name-or-path", dest="tokenizer_name_or_path", help="Hugging Face tokenizer directory")
+    p.add_argument("--output-prefix", dest="output_prefix", help="output path prefix; writes PREFIX.jsonl and PREFIX.meta.json")
+    p.add_argument("--handler-name", dest="handler_name", help="how input rows map to prompt and label (default R1AlpacaStyleInstructionHandler)")
+    p.add_argument("--prompt-type", dest="prompt_type", help="chat template name from configs/model/templates.json")
+    p.add_argument("--seq-length", dest="seq_length", type=int, help="drop prompts longer than this many tokens (0 keeps all)")
+    p.add_argument("--workers", type=int, help="tokenizer processes")
+    p.add_argument("--log-interval", dest="log_interval", type=int, help="log a rate line every N prompts")
+    p.set_defaults(func=_cmd_data_preprocess)
+    p = dsub.add_parser("make-arithmetic", help="write the arithmetic demo dataset (train.jsonl, test.jsonl)",
+                        description="Generates every `a op b=` problem with operands in [0, max-operand], split into train and a "
+                                    "held-out test set with disjoint problems.")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--max-operand", type=int, default=9, help="largest operand")
+    p.add_argument("--ops", nargs="+", default=["+"], choices=["+", "-", "*"], help="operators to use")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="share of problems held out for evaluation")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed")
+    p.set_defaults(func=_cmd_data_make_arithmetic)
+
+    cfg = sub.add_parser("config", help="validate a run config")
+    csub = cfg.add_subparsers(dest="config_command", required=True)
+    p = csub.add_parser("check", help="load and validate a config; every error names its key",
+                        description="Loads CONFIG with the same validation the services apply at start-up.")
+    _add_config_args(p)
+    p.add_argument("--print", action="store_true", help="print the resolved config (defaults and derived dispatch sizes filled in)")
+    p.set_defaults(func=_cmd_config_check)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full `dockrl` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="dockrl",
+        description="RL post-training of LLMs as services: vLLM rollout, rule reward, Megatron trainer, Redis data dock.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in SERVICE_COMMANDS.items():
+        cli = importlib.import_module(module)
+        p = sub.add_parser(name, help=help_text, description=(cli.__doc__ or help_text).strip())
+        cli.add_arguments(p)
+        p.set_defaults(func=cli.run)
+    _add_builtin_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `dockrl` console script."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The data dock: a Redis-backed pool of samples shared by the trainer, rollout and reward workers."""

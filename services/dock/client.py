@@ -1,0 +1,376 @@
+"""The dock client: put / claim / lease / all_consumed / clear / stats over one run's keys.
+
+Semantics follow MindSpeed-RL's TransferDock (docs/dock.md): rows are samples, a prompt's n
+samples are contiguous rows, a claim atomically picks rows whose columns are final and that the
+consumer has not claimed. Here every claim is also a lease with a deadline, so a worker that
+dies loses nothing: its rows return to the pool when the lease expires, and its late put is refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import redis
+
+from services.common.config import Config, DockConfig
+from services.common.errors import FailedPrecondition, InvalidArgument
+from services.dock import codec
+from services.dock.schema import DockLayout, Keys
+from services.dock.scripts import DockScripts, execute, redis_errors
+
+_STAGE_TTL_MS = 600_000  # staged values of a put whose client died mid-way expire after 10 minutes
+_MGET_KEYS = 1000  # keys per MGET when reading claimed rows
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claim's hold on its rows until `deadline_ms` (Redis clock, ms since the epoch)."""
+
+    consumer: str
+    lease_id: str
+    deadline_ms: int
+
+
+@dataclass
+class Claim:
+    """Rows one claim took: `indexes` [R], group `ages` [R], and per column R values (None: not stored yet)."""
+
+    lease: Lease
+    indexes: list[int]
+    ages: list[int]
+    columns: dict[str, list[np.ndarray | str | None]]
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+
+@dataclass(frozen=True)
+class DockStats:
+    """One look at a run's pool (after requeueing expired leases)."""
+
+    run: str
+    n_samples_per_prompt: int
+    capacity_rows: int
+    live_rows: int
+    ready: dict[str, int]  # column -> rows whose value is final
+    consumed: dict[str, int]  # consumer -> rows it has claimed (leased or done)
+    leased: dict[str, int]  # consumer -> rows under an outstanding lease
+    requeued: int  # rows returned to the pool by expired leases, since create
+    complete_groups: int
+    target_groups: int
+    retired_groups: int  # groups begin_iteration dropped after training, since create
+    groups_by_age: dict[int, int]  # age -> live groups
+
+
+def token_digest(token: str) -> str:
+    """What the dock stores and compares instead of the token itself ('' when no token)."""
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+
+
+def redis_client(cfg: DockConfig, redis_url: str | None = None) -> redis.Redis:
+    """A redis-py client for `cfg`: URL, ACL user and password, TLS (and its CA), socket timeout."""
+    url = redis_url or cfg.redis_url
+    if not url:
+        raise FailedPrecondition("dock.redis_url is empty: give a redis:// URL (or let `dockrl up` start Redis)")
+    if cfg.redis_tls and url.startswith("redis://"):
+        url = "rediss://" + url[len("redis://"):]
+    options: dict = {"socket_timeout": cfg.socket_timeout_s, "socket_connect_timeout": cfg.socket_timeout_s}
+    if cfg.redis_password:
+        options["password"] = cfg.redis_password
+    if cfg.redis_username:
+        options["username"] = cfg.redis_username
+    if url.startswith("rediss://") and cfg.redis_tls_ca_file:
+        options["ssl_ca_certs"] = cfg.redis_tls_ca_file
+    return redis.Redis.from_url(url, **options)
+
+
+class Dock:
+    """One run's pool in Redis. Thread-safe (redis-py pools connections); use one per process."""
+
+    def __init__(self, client: redis.Redis, prefix: str = "dockrl", run_id: str = "default", token: str = "",
+                 lease_seconds: float = 120.0, poll_s: float = 0.05):
+        self.client = client
+        self.keys = Keys(prefix, run_id)
+        self._digest = token_digest(token)
+        self._lease_ms = int(lease_seconds * 1000)
+        self._poll_s = poll_s
+        self._scripts = DockScripts(client)
+        self._layout: DockLayout | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Config, token: str = "", redis_url: str | None = None) -> Dock:
+        """A client for the run `cfg.dock` names; asks Redis for AOF when `dock.durability` is set."""
+        dock = cls(redis_client(cfg.dock, redis_url), cfg.dock.prefix, cfg.dock.run_id, token,
+                   cfg.dock.lease_seconds, cfg.dock.claim_poll_s)
+        if cfg.dock.durability:
+            dock.enable_durability()
+        return dock
+
+    # ------------------------------------------------------------ layout
+
+    def create(self, layout: DockLayout) -> None:
+        """Makes an empty pool with `layout` (the trainer, once per run); replaces an existing one."""
+        self._run("create", self._digest, layout.to_json(), layout.n_samples_per_prompt, layout.capacity_rows,
+                  layout.completion_column)
+        self._layout = layout
+
+    @property
+    def layout(self) -> DockLayout:
+        """The run's layout as the trainer created it (read from Redis once)."""
+        if self._layout is None:
+            text = self._call(self.client.hget, self.keys.meta, "layout")
+            if text is None:
+                raise FailedPrecondition(f"no dock under {self.keys.base}; the trainer creates it (Dock.create)")
+            self._layout = DockLayout.from_json(text.decode())
+        return self._layout
+
+    def rows_of(self, groups: Sequence[int]) -> list[int]:
+        """The row indexes of `groups` (n contiguous rows each)."""
+        n = self.layout.n_samples_per_prompt
+        return [g * n + j for g in groups for j in range(n)]
+
+    # ------------------------------------------------------------ writes
+
+    def put(self, indexes: Sequence[int], columns: Mapping[str, Sequence[codec.Value] | np.ndarray], *,
+            lease: Lease | None = None, version: int | None = None, partial: bool = False, append: bool = False) -> int:
+        """Writes `columns[name][i]` to row `indexes[i]`; all or nothing.
+
+        Final puts mark the columns ready and end `lease` on these rows. `partial=True` (partial
+        rollout) stores without ready flags, returns the rows to the lease's consumer with age + 1;
+        `append=True` appends 1-D variable-length columns to what is stored. With a lease the put
+        is refused (StaleLease) when the lease no longer holds a row. `version` is the policy version.
+        """
+        rows = self._check_indexes(indexes)
+        if not columns:
+            raise InvalidArgument("columns", "give at least one column to put")
+        if partial and lease is None:
+            raise InvalidArgument("partial", "a partial put returns claimed rows to the pool and needs the claim's lease")
+        if version is not None and (not isinstance(version, int) or version < 0):
+            raise InvalidArgument("version", f"must be an integer >= 0, got {version!r}")
+        described: list = []
+        blobs: list[bytes] = []
+        for name, values in columns.items():
+            spec = self.layout.column(name)
+            if len(values) != len(rows):
+                raise InvalidArgument(f"columns.{name}", f"{len(values)} values for {len(rows)} indexes")
+            described += [name, "1" if spec.shape == (None,) else "0"]
+            for i, value in enumerate(values):
+                field = f"columns.{name}[{i}]"
+                array = codec.to_array(value, spec.dtype, field)
+                if not isinstance(array, str):
+                    spec.check_shape(array.shape, field)
+                blobs.append(codec.encode(array))
+        # Stage the values with plain SETs, then one script checks and moves them (same pipeline).
+        nonce = uuid.uuid4().hex
+        pipe = self.client.pipeline(transaction=False)
+        for index, blob in enumerate(blobs):
+            pipe.set(self.keys.stage(nonce, index), blob, px=_STAGE_TTL_MS)
+        self._scripts.queue(pipe, "put", self.keys.base, self._digest, lease.consumer if lease else "",
+                            lease.lease_id if lease else "", "" if version is None else version, int(partial),
+                            int(append), len(rows), len(columns), nonce, *rows, *described)
+        execute(pipe)
+        return len(rows)
+
+    def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
+              dp_rank: int | None = None, dp_size: int = 1, partial_columns: Sequence[str] = (),
+              min_count: int = 1, timeout_s: float = 0.0) -> Claim | None:
+        """Atomically leases up to `count` rows whose `columns` are final and that `consumer` has not claimed.
+
+        `count` defaults to the consumer's dispatch size from the config (rl_config.*_dispatch_size).
+        group=True takes whole groups (count must be a multiple of n). Under guarantee_order the
+        rows come in index order from dp_rank's fixed range of the pool (MindSpeed-RL's
+        get_current_dp_range_indexes; dp_rank and dp_size apply only then); otherwise the oldest
+        groups come first. Under partial rollout, resume samples of groups where some rows
+        already finished with group=False (a group claim needs all n rows free). `partial_columns`
+        are returned as stored so far (partial responses) without being required. Returns None
+        when fewer than `min_count` rows are ready, after waiting up to `timeout_s`.
+        """
+        layout = self.layout
+        self._check_name(consumer, "consumer")
+        for name in (*columns, *partial_columns):
+            layout.column(name)
+        n = layout.n_samples_per_prompt
+        if count is None:
+            if consumer not in layout.dispatch_sizes:
+                raise InvalidArgument("count", f"no dispatch size is configured for consumer {consumer!r}; pass count")
+            count = layout.dispatch_sizes[consumer]
+        if not isinstance(count, int) or count < 1:
+            raise InvalidArgument("count", f"must be an integer >= 1, got {count!r}")
+        if group and count % n:
+            raise InvalidArgument("count", f"{count} is not a multiple of n_samples_per_prompt={n} (group=True claims whole groups)")
+        if not 1 <= min_count <= count:
+            raise InvalidArgument("min_count", f"must be in [1, count={count}], got {min_count!r}")
+        lo, hi = 0, layout.capacity_rows
+        if layout.guarantee_order:
+            lo, hi = self._dp_range(dp_rank or 0, dp_size)
+        partial = layout.partial_rollout
+        rollout = partial and consumer == layout.rollout_consumer
+        max_age = layout.partial_rollout_max_split - 1 if layout.require_max_age_all_finished else -1
+        wanted = (*columns, *partial_columns)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lease_id = uuid.uuid4().hex
+            reply = self._run("claim", self._digest, consumer, lease_id, self._lease_ms, count, min_count, int(group),
+                              int(layout.guarantee_order), lo, hi, int(rollout), max_age, int(partial and not rollout),
+                              len(columns), *columns)
+            if reply[1] or time.monotonic() >= deadline:
+                break
+            time.sleep(self._poll_s)
+        rows = reply[1]
+        if not rows:
+            return None
+        indexes, ages = reply[2:2 + rows], reply[2 + rows:2 + 2 * rows]
+        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, self._values(indexes, wanted))
+
+    def ack(self, lease: Lease, indexes: Sequence[int]) -> None:
+        """Ends the lease on rows the consumer is done with and put nothing for (e.g. actor_train)."""
+        self._run("lease", self._digest, lease.consumer, lease.lease_id, "ack", self._lease_ms, *self._check_indexes(indexes))
+
+    def release(self, lease: Lease, indexes: Sequence[int]) -> None:
+        """Gives claimed rows back to the pool unprocessed (a worker shutting down)."""
+        self._run("lease", self._digest, lease.consumer, lease.lease_id, "release", self._lease_ms, *self._check_indexes(indexes))
+
+    def renew(self, lease: Lease, indexes: Sequence[int]) -> int:
+        """Moves the lease's deadline on these rows to now + lease_seconds; returns the new deadline (ms)."""
+        return self._run("lease", self._digest, lease.consumer, lease.lease_id, "renew", self._lease_ms, *self._check_indexes(indexes))
+
+    def begin_iteration(self, target_groups: int, trained_by: str = "actor_train") -> list[int]:
+        """Drops the groups `trained_by` finished, keeps unfinished ones (with their ages) and returns the free group slots.
+
+        Sets the iteration's target of complete groups (GBS): under partial rollout the rollout
+        consumer stops getting work once that many groups are complete.
+        """
+        self._check_name(trained_by, "trained_by")
+        capacity = self.layout.capacity_groups
+        if not 1 <= target_groups <= capacity:
+            raise InvalidArgument("target_groups", f"must be in [1, capacity_groups={capacity}], got {target_groups!r}")
+        return self._run("begin_iteration", self._digest, trained_by, target_groups)[1:]
+
+    def clear(self) -> None:
+        """Empties the pool (rows, flags, leases, ages); the layout and the token stay."""
+        self._run("clear", self._digest, "pool")
+
+    def destroy(self) -> None:
+        """Deletes every key of the run, layout included (the run is over)."""
+        self._run("clear", self._digest, "all")
+        self._layout = None
+
+    def enable_durability(self) -> None:
+        """Asks Redis for AOF with appendfsync everysec, and persists it to Redis's config file when it has one."""
+        self._call(self.client.config_set, "appendonly", "yes")
+        self._call(self.client.config_set, "appendfsync", "everysec")
+        if self._call(self.client.config_get, "appendonly").get("appendonly") != "yes":
+            raise FailedPrecondition("redis refused appendonly yes; durability needs CONFIG SET rights")
+        try:
+            self.client.config_rewrite()
+        except redis.ResponseError:
+            pass  # started without a config file: the server's own flags must say --appendonly yes (docs/dock.md)
+
+    # ------------------------------------------------------------ reads
+
+    def all_consumed(self, consumer: str) -> bool:
+        """True when `consumer` has claimed every row in the pool and holds no lease."""
+        self._check_name(consumer, "consumer")
+        return bool(self._run("all_consumed", consumer))
+
+    def rollout_done(self) -> bool:
+        """True once the iteration's target of complete groups exists and (require_max_age_all_finished) no group at max age is unfinished."""
+        layout = self.layout
+        complete, target = (int(v or 0) for v in self._call(self.client.hmget, self.keys.meta, "complete", "target"))
+        if complete < target:
+            return False
+        if not (layout.partial_rollout and layout.require_max_age_all_finished):
+            return True
+        old = self._call(self.client.zrangebyscore, self.keys.base + "age", layout.partial_rollout_max_split - 1, "+inf")
+        if not old:
+            return True
+        done = self._call(self.client.hmget, self.keys.base + "done", old)
+        return all(int(d or 0) >= layout.n_samples_per_prompt for d in done)
+
+    def read(self, indexes: Sequence[int], columns: Sequence[str]) -> dict[str, list[np.ndarray | str | None]]:
+        """Values of `columns` at `indexes` as stored (None: never put), without claiming anything."""
+        rows = self._check_indexes(indexes)
+        for name in columns:
+            self.layout.column(name)
+        return self._values(rows, columns)
+
+    def stats(self) -> DockStats:
+        """Counts of the pool: rows, ready columns, consumed and leased rows per consumer, requeued, ages."""
+        layout = self.layout
+        self._run("sweep")
+        consumers = sorted(c.decode() for c in self._call(self.client.smembers, self.keys.base + "consumers"))
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.meta, "requeued", "complete", "target", "retired")
+        pipe.bitcount(self.keys.base + "live")
+        for column in layout.columns:
+            pipe.bitcount(self.keys.base + f"ready:{column.name}")
+        for consumer in consumers:
+            pipe.bitcount(self.keys.base + f"consumed:{consumer}")
+            pipe.zcard(self.keys.base + f"lease:{consumer}")
+        pipe.zrange(self.keys.base + "age", 0, -1, withscores=True)
+        replies = self._call(pipe.execute)
+        (requeued, complete, target, retired), live = replies[0], replies[1]
+        ready = dict(zip((c.name for c in layout.columns), replies[2:2 + len(layout.columns)]))
+        per_consumer = replies[2 + len(layout.columns):-1]
+        by_age: dict[int, int] = {}
+        for _, age in replies[-1]:
+            by_age[int(age)] = by_age.get(int(age), 0) + 1
+        return DockStats(self.keys.base.rstrip(":"), layout.n_samples_per_prompt, layout.capacity_rows, live, ready,
+                         dict(zip(consumers, per_consumer[0::2])), dict(zip(consumers, per_consumer[1::2])),
+                         int(requeued or 0), int(complete or 0), int(target or 0), int(retired or 0),
+                         dict(sorted(by_age.items())))
+
+    # ------------------------------------------------------------ helpers
+
+    def _values(self, rows: list[int], columns: Sequence[str]) -> dict[str, list[np.ndarray | str | None]]:
+        pipe = self.client.pipeline(transaction=False)
+        for name in columns:
+            for first in range(0, len(rows), _MGET_KEYS):
+                pipe.mget([self.keys.value(name, row) for row in rows[first:first + _MGET_KEYS]])
+        replies = iter(execute(pipe))
+        values = {}
+        for name in columns:
+            blobs = [blob for _ in range(0, len(rows), _MGET_KEYS) for blob in next(replies)]
+            values[name] = [None if blob is None else codec.decode(blob) for blob in blobs]
+        return values
+
+    def _dp_range(self, dp_rank: int, dp_size: int) -> tuple[int, int]:
+        rows = self.layout.capacity_rows
+        if not isinstance(dp_size, int) or dp_size < 1 or rows % dp_size:
+            raise InvalidArgument("dp_size", f"must be >= 1 and divide the pool's {rows} rows, got {dp_size!r}")
+        if not isinstance(dp_rank, int) or not 0 <= dp_rank < dp_size:
+            raise InvalidArgument("dp_rank", f"must be in [0, dp_size={dp_size}), got {dp_rank!r}")
+        assign = rows // dp_size
+        return dp_rank * assign, (dp_rank + 1) * assign
+
+    def _check_indexes(self, indexes: Sequence[int]) -> list[int]:
+        rows = self.layout.capacity_rows
+        if len(indexes) == 0:
+            raise InvalidArgument("indexes", "give at least one row index")
+        checked = []
+        for i, index in enumerate(indexes):
+            if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+                raise InvalidArgument(f"indexes[{i}]", f"expected an integer, got {type(index).__name__}")
+            if not 0 <= index < rows:
+                raise InvalidArgument(f"indexes[{i}]", f"{index} is out of range [0, {rows}) of the pool")
+            checked.append(int(index))
+        if len(set(checked)) != len(checked):
+            raise InvalidArgument("indexes", "an index appears twice")
+        return checked
+
+    @staticmethod
+    def _check_name(name: str, field: str) -> None:
+        if not isinstance(name, str) or not name or ":" in name or "*" in name:
+            raise InvalidArgument(field, f"{name!r} must be a non-empty name without ':' or '*'")
+
+    def _run(self, script: str, *args):
+        return self._scripts.run(script, self.keys.base, *args)
+
+    @staticmethod
+    def _call(fn, *args):
+        with redis_errors():
+            return fn(*args)

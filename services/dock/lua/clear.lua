@@ -1,0 +1,11 @@
+-- clear: ARGV digest, scope (pool | all). Empties the pool; the layout, the token and the
+-- requeued counter stay, unless scope is all (the run's every key goes).
+local meta, err = open(ARGV[1])
+if not meta then return err end
+delete_pool(meta)
+if ARGV[2] == 'all' then
+  redis.call('DEL', k('meta'), k('consumers'))
+else
+  redis.call('HSET', k('meta'), 'complete', 0)
+end
+return 1

@@ -1,0 +1,24 @@
+-- lease: ARGV digest, consumer, lease_id, action (ack | release | renew), lease_ms, rows...
+-- ack ends the lease on rows the consumer is done with (consumed stays set); release gives them
+-- back to the pool unprocessed; renew moves the deadline to now + lease_ms. Refused whole when
+-- the lease no longer holds one of the rows.
+local meta, err = open(ARGV[1])
+if not meta then return err end
+local consumer, lease_id, action, lease_ms = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local rows = {}
+for i = 6, #ARGV do rows[#rows + 1] = ARGV[i] end
+if #rows == 0 then return 0 end
+local now = now_ms()
+requeue_expired(consumer, now)
+local stale = check_owned(consumer, lease_id, rows)
+if stale then return stale end
+for _, row in ipairs(rows) do
+  if action == 'renew' then
+    redis.call('ZADD', k('lease:' .. consumer), 'XX', now + lease_ms, row)
+  else
+    redis.call('ZREM', k('lease:' .. consumer), row)
+    redis.call('HDEL', k('owner:' .. consumer), row)
+    if action == 'release' then redis.call('SETBIT', k('consumed:' .. consumer), row, 0) end
+  end
+end
+return action == 'renew' and now + lease_ms or #rows

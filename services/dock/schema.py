@@ -1,0 +1,172 @@
+"""What the dock stores and where: column specs, the run's layout, and the Redis key names.
+
+Every key of a run lives under `{prefix}:{run_id}:` so several runs share one Redis:
+
+    meta              hash   layout (JSON), token digest, target, complete, requeued, retired
+    val:{column}:{row} string encoded value (codec.py); a put stages values under stage:{nonce}:*
+                             and its script RENAMEs them here, so big tensors are never copied in Lua
+    ready:{column}    bitmap bit i set: row i's value of {column} is final
+    live              bitmap bit i set: row i holds a sample of the current pool
+    consumed:{name}   bitmap bit i set: consumer {name} has claimed row i
+    lease:{name}      zset   row index -> lease deadline (ms since epoch, Redis clock)
+    owner:{name}      hash   row index -> lease id of the claim that holds it
+    age               zset   group id -> age (partial-rollout splits so far; group max)
+    rowage            hash   row index -> partial-rollout splits of the row
+    done              hash   group id -> rows whose completion column is final
+    version           hash   row index -> policy version of the last put that named one
+    consumers         set    consumer names seen (so clear knows every key)
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from services.common.config import Config
+from services.common.errors import InvalidArgument
+from services.dock.codec import DTYPE_CODES
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One experience key: its dtype and its per-row shape (None: any length)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | None, ...] = ()
+
+    def check_shape(self, shape: tuple[int, ...], field: str) -> None:
+        """Raises InvalidArgument unless `shape` fits this column's per-row shape."""
+        if len(shape) != len(self.shape) or any(want is not None and want != got for want, got in zip(self.shape, shape)):
+            raise InvalidArgument(field, f"shape {tuple(shape)} does not fit the column's per-row shape {self.shape_text}")
+
+    @property
+    def shape_text(self) -> str:
+        return "[" + ", ".join("*" if d is None else str(d) for d in self.shape) + "]"
+
+
+# MindSpeed-RL's experience keys; [*] is one entry per token (prompt or response).
+DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
+    ColumnSpec("prompts", "int32", (None,)),  # [P] prompt token ids
+    ColumnSpec("prompt_length", "int32"),  # []
+    ColumnSpec("labels", "utf8"),  # the reference answer the reward compares with
+    ColumnSpec("responses", "int32", (None,)),  # [L] response token ids (the completion column)
+    ColumnSpec("response_length", "int32"),  # []
+    ColumnSpec("rollout_log_probs", "float32", (None,)),  # [L] the rollout engine's log p
+    ColumnSpec("versions", "int32", (None,)),  # [L] policy version that generated each token
+    ColumnSpec("finish_reason", "utf8"),  # stop | length | abort
+    ColumnSpec("rm_scores", "float32"),  # [] reward of the whole response
+    ColumnSpec("token_level_rewards", "float32", (None,)),  # [L]
+    ColumnSpec("old_log_prob", "float32", (None,)),  # [L]
+    ColumnSpec("ref_log_prob", "float32", (None,)),  # [L]
+    ColumnSpec("values", "float32", (None,)),  # [L] critic (PPO)
+    ColumnSpec("returns", "float32", (None,)),  # [L] (PPO)
+    ColumnSpec("advantages", "float32", (None,)),  # [L]
+)
+
+
+# MindSpeed-RL's consumer names and the rl_config key that sizes each one's claims.
+DISPATCH_SIZE_KEYS: dict[str, str] = {
+    "actor_rollout": "actor_rollout_dispatch_size",
+    "rule_reward": "reward_dispatch_size",
+    "actor_log_prob": "actor_logprob_dispatch_size",
+    "ref_log_prob": "ref_dispatch_size",
+    "compute_advantage": "adv_dispatch_size",
+    "actor_train": "actor_update_dispatch_size",
+}
+
+
+@dataclass(frozen=True)
+class DockLayout:
+    """The shape of a run's pool, written once by the trainer (`Dock.create`) and read by every client."""
+
+    n_samples_per_prompt: int
+    capacity_groups: int  # group slots; rows are 0 .. capacity_groups * n - 1
+    columns: tuple[ColumnSpec, ...] = DEFAULT_COLUMNS
+    guarantee_order: bool = False
+    partial_rollout_max_split: int = 1
+    require_max_age_all_finished: bool = True
+    rollout_consumer: str = "actor_rollout"  # the consumer partial rollout applies to
+    completion_column: str = "responses"  # a group is complete when this is final on all n rows
+    dispatch_sizes: dict[str, int] = field(default_factory=dict)  # consumer -> rows per claim when none given
+
+    def __post_init__(self):
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise InvalidArgument("columns", f"duplicate column names in {names}")
+        if self.completion_column not in names:
+            raise InvalidArgument("completion_column", f"{self.completion_column!r} is not one of the columns {names}")
+        for column in self.columns:
+            if column.dtype not in DTYPE_CODES:
+                raise InvalidArgument(f"columns.{column.name}.dtype", f"{column.dtype!r} is not one of {', '.join(DTYPE_CODES)}")
+        if self.n_samples_per_prompt < 1 or self.capacity_groups < 1:
+            raise InvalidArgument("capacity_groups", "n_samples_per_prompt and capacity_groups must be >= 1")
+
+    @property
+    def capacity_rows(self) -> int:
+        return self.capacity_groups * self.n_samples_per_prompt
+
+    @property
+    def partial_rollout(self) -> bool:
+        return self.partial_rollout_max_split > 1
+
+    def column(self, name: str, field: str = "columns") -> ColumnSpec:
+        """The spec of column `name`; InvalidArgument naming the known columns when there is none."""
+        for column in self.columns:
+            if column.name == name:
+                return column
+        raise InvalidArgument(field, f"unknown column {name!r} (known: {', '.join(c.name for c in self.columns)})")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DockLayout:
+        data = json.loads(text)
+        data["columns"] = tuple(ColumnSpec(c["name"], c["dtype"], tuple(c["shape"])) for c in data["columns"])
+        return cls(**data)
+
+    @classmethod
+    def from_config(cls, cfg: Config, columns: tuple[ColumnSpec, ...] = DEFAULT_COLUMNS) -> DockLayout:
+        """The layout a run's config implies: GBS groups, or 2 * GBS under partial rollout (room for carry-over)."""
+        rl, gbs = cfg.rl_config, cfg.megatron_training.global_batch_size
+        default_capacity = 2 * gbs if rl.partial_rollout_max_split > 1 else gbs
+        return cls(
+            n_samples_per_prompt=rl.n_samples_per_prompt,
+            capacity_groups=cfg.dock.capacity_groups or default_capacity,
+            columns=columns,
+            guarantee_order=rl.guarantee_order,
+            partial_rollout_max_split=rl.partial_rollout_max_split,
+            require_max_age_all_finished=rl.require_max_age_all_finished,
+            rollout_consumer=cfg.dock.rollout_consumer,
+            dispatch_sizes={consumer: getattr(rl, key) for consumer, key in DISPATCH_SIZE_KEYS.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Redis key names of one run."""
+
+    prefix: str
+    run_id: str
+    base: str = field(init=False)
+
+    def __post_init__(self):
+        for name, value in (("prefix", self.prefix), ("run_id", self.run_id)):
+            if not value or ":" in value or "*" in value:
+                raise InvalidArgument(name, f"{value!r} must be non-empty without ':' or '*'")
+        object.__setattr__(self, "base", f"{self.prefix}:{self.run_id}:")
+
+    @property
+    def meta(self) -> str:
+        return self.base + "meta"
+
+    def value(self, column: str, row: int) -> str:
+        return f"{self.base}val:{column}:{row}"
+
+    def stage(self, nonce: str, index: int) -> str:
+        return f"{self.base}stage:{nonce}:{index}"
+
+    @property
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of the run."""
+        return self.base + "*"

@@ -1,0 +1,78 @@
+"""The dock's atomic steps: Lua scripts (services/dock/lua/) registered once and run by EVALSHA.
+
+Each script is `lib.lua` followed by its own file; redis-py sends the SHA and loads the body only
+when Redis answers NOSCRIPT (first use, or after a restart / SCRIPT FLUSH). Error replies carry a
+tag that `run` turns into the typed error a caller sees.
+"""
+from __future__ import annotations
+
+import contextlib
+import pathlib
+
+import redis
+
+from services.common.errors import FailedPrecondition, Unauthenticated, Unavailable
+
+LUA_DIR = pathlib.Path(__file__).with_name("lua")
+SCRIPT_NAMES = ("create", "clear", "put", "claim", "lease", "begin_iteration", "all_consumed", "sweep")
+
+
+class StaleLease(FailedPrecondition):
+    """A put / ack after the claim's lease expired or was taken over by another claim."""
+
+
+_ERROR_TAGS = {
+    "DOCK_NOT_CREATED": FailedPrecondition, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
+    "DOCK_STAGE": Unavailable,
+}
+
+
+class DockScripts:
+    """The registered scripts of one Redis client."""
+
+    def __init__(self, client: redis.Redis):
+        lib = (LUA_DIR / "lib.lua").read_text()
+        self._scripts = {name: client.register_script(lib + "\n" + (LUA_DIR / f"{name}.lua").read_text()) for name in SCRIPT_NAMES}
+
+    def run(self, name: str, base: str, *args):
+        """Runs script `name` with KEYS = [base] and ARGV = args; raises typed errors for tagged replies."""
+        with redis_errors():
+            try:
+                return self._scripts[name](keys=[base], args=list(args))
+            except redis.ResponseError as exc:
+                raise_tagged(exc)
+                raise
+
+    def queue(self, pipe: redis.client.Pipeline, name: str, base: str, *args) -> None:
+        """Adds script `name` to `pipe`, to run after the commands queued before it."""
+        self._scripts[name](keys=[base], args=list(args), client=pipe)
+
+
+def execute(pipe: redis.client.Pipeline) -> list:
+    """Runs a pipeline; the first failed command raises (typed when it is a tagged dock error)."""
+    with redis_errors():
+        results = pipe.execute(raise_on_error=False)
+    for result in results:
+        if isinstance(result, redis.ResponseError):
+            raise_tagged(result)
+        if isinstance(result, Exception):
+            raise result
+    return results
+
+
+def raise_tagged(exc: redis.ResponseError) -> None:
+    """Raises the typed error of a tagged dock reply; returns for any other error."""
+    tag, _, message = str(exc).partition(" ")
+    if tag in _ERROR_TAGS:
+        raise _ERROR_TAGS[tag](message) from None
+
+
+@contextlib.contextmanager
+def redis_errors():
+    """Turns redis-py's connection and authentication failures into Unavailable / Unauthenticated."""
+    try:
+        yield
+    except redis.AuthenticationError as exc:
+        raise Unauthenticated(f"redis refused the credentials (dock.redis_username / redis_password): {exc}") from None
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise Unavailable(f"redis: {exc}") from None

@@ -1,0 +1,54 @@
+"""Builds what a run needs and does not have yet: the tiny model, the demo data, the warm start.
+
+Only for configs with an `init_model` / `arithmetic` section (the tiny CPU demo); a run on a real
+checkpoint and dataset skips all of it. Each step is skipped when its output exists, so a second
+`dockrl up` starts at once.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import time
+
+from services.common.config import Config
+from services.common.preprocess import PreprocessConfig, preprocess
+
+logger = logging.getLogger("dockrl.prepare")
+
+
+def prepare_run(cfg: Config) -> list[str]:
+    """Makes the model and data `cfg` points at when missing; returns what it did, for the log."""
+    done = []
+    mt = cfg.megatron_training
+    model_dir = pathlib.Path(mt.load)
+    if cfg.init_model is not None and not (model_dir / "config.json").exists():
+        from services.common.tiny_model import build_tiny_model
+
+        build_tiny_model(model_dir, cfg.init_model, prompt_type=cfg.init_model.prompt_type)
+        done.append(f"built tiny model in {model_dir}")
+    if cfg.arithmetic is not None and not pathlib.Path(f"{mt.data_path}.jsonl").exists():
+        from services.common.arithmetic_data import write_arithmetic_dataset
+
+        train, test = write_arithmetic_dataset(cfg.arithmetic.out_dir, cfg.arithmetic)
+        prompt_type = cfg.init_model.prompt_type if cfg.init_model else "empty"
+        for raw, prefix in ((train, mt.data_path), (test, cfg.trainer.eval_data_path)):
+            if prefix:
+                preprocess(PreprocessConfig(input=str(raw), tokenizer_name_or_path=mt.tokenizer_name_or_path,
+                                            output_prefix=prefix, prompt_type=prompt_type), progress=False)
+        done.append(f"wrote arithmetic data to {mt.data_path} and {cfg.trainer.eval_data_path}")
+    marker = model_dir / "warm_start.json"
+    if cfg.init_model is not None and cfg.init_model.warm_start_accuracy > 0 and not marker.exists():
+        from services.common.arithmetic_data import arithmetic_problems
+        from services.common.warm_start import WarmStartSpec, warm_start
+
+        if cfg.arithmetic is None:
+            raise ValueError("init_model.warm_start_accuracy: the warm start needs an arithmetic section for its data")
+        train, _ = arithmetic_problems(cfg.arithmetic)
+        start = time.monotonic()
+        spec = WarmStartSpec(target_accuracy=cfg.init_model.warm_start_accuracy, max_steps=cfg.init_model.warm_start_max_steps,
+                             seed=cfg.init_model.seed)
+        acc = warm_start(model_dir, train, spec)
+        marker.write_text(json.dumps({"train_probe_accuracy": acc, "seconds": round(time.monotonic() - start, 1)}))
+        done.append(f"warm-started to {acc:.0%} greedy train accuracy in {time.monotonic() - start:.0f} s")
+    return done

@@ -1,0 +1,98 @@
+"""Fixtures shared by every test tier."""
+import pathlib
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> pathlib.Path:
+    """The default tiny Qwen2-layout model, built once per test session."""
+    from services.common.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model"))
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that the OS had free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def redis_answers(url: str) -> bool:
+    """True when a Redis at `url` answers PING."""
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def start_redis_server(directory: pathlib.Path, *flags: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Starts `redis-server` on loopback (a free port unless given) with data in `directory`; returns it and its URL."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = port or free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(directory), *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(100):
+        if redis_answers(url) or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        raise RuntimeError(f"redis-server exited with {proc.returncode} on port {port}")
+    return proc, url
+
+
+def stop_redis_server(proc: subprocess.Popen) -> None:
+    """Stops a server from start_redis_server and waits for it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A Redis URL: the shared one at 127.0.0.1:6379, or a redis-server started for this session."""
+    shared = "redis://127.0.0.1:6379/0"
+    if redis_answers(shared):
+        yield shared
+        return
+    proc, url = start_redis_server(tmp_path_factory.mktemp("redis"))
+    yield url
+    stop_redis_server(proc)
+
+
+@pytest.fixture
+def dock_factory(redis_url):
+    """Makes Docks with a created layout under a unique prefix; deletes every key they made afterwards."""
+    import uuid
+
+    import redis
+
+    from services.dock.client import Dock
+
+    client = redis.Redis.from_url(redis_url)
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+
+    def make(layout=None, run_id: str = "run", token: str = "", lease_seconds: float = 30.0) -> Dock:
+        dock = Dock(client, prefix, run_id, token, lease_seconds, poll_s=0.01)
+        if layout is not None:
+            dock.create(layout)
+        return dock
+
+    yield make
+    for key in client.scan_iter(f"{prefix}:*", count=1000):
+        client.delete(key)
+    client.close()

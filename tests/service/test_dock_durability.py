@@ -1,0 +1,105 @@
+"""Durability and credentials on a redis-server this module starts itself (free port, temp dir)."""
+import dataclasses
+import shutil
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import redis
+
+from services.common.config import Config, DockConfig
+from services.common.errors import Unauthenticated
+from services.dock.client import Dock
+from services.dock.schema import DockLayout
+from tests.conftest import free_port, start_redis_server, stop_redis_server
+
+pytestmark = pytest.mark.service
+
+
+def _config(url: str, **dock) -> Config:
+    return dataclasses.replace(Config(), dock=DockConfig(redis_url=url, prefix="dur", run_id="r1", **dock))
+
+
+def _wait_for_aof(client: redis.Redis) -> None:
+    for _ in range(200):
+        info = client.info("persistence")
+        if info["aof_enabled"] and not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"AOF did not settle: {info}")
+
+
+def test_state_survives_a_redis_crash_with_durability_on(tmp_path):
+    proc, url = start_redis_server(tmp_path)  # started with appendonly no
+    try:
+        dock = Dock.from_config(_config(url, durability=True))
+        assert dock.client.config_get("appendonly") == {"appendonly": "yes"}
+        assert dock.client.config_get("appendfsync") == {"appendfsync": "everysec"}
+        _wait_for_aof(dock.client)
+        dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=4))
+        dock.put(list(range(8)), {"prompts": [np.arange(i + 1, dtype=np.int32) for i in range(8)]})
+        claim = dock.claim("actor_rollout", ["prompts"], 4)
+        dock.put(claim.indexes, {"responses": [[9, 9]] * 4}, lease=claim.lease, version=3)
+        held = dock.claim("actor_rollout", ["prompts"], 2)
+        before = dock.stats()
+        time.sleep(1.5)  # appendfsync everysec: everything up to the last fsync is on disk
+        proc.send_signal(signal.SIGKILL)  # a crash: no shutdown save
+        proc.wait()
+    finally:
+        stop_redis_server(proc)
+    # The documented recovery: start redis-server again with --appendonly yes on the same dir.
+    port = redis.Redis.from_url(url).connection_pool.connection_kwargs["port"]
+    proc, url = start_redis_server(tmp_path, "--appendonly", "yes", port=port)
+    try:
+        after = Dock.from_config(_config(url))
+        assert after.stats() == before
+        assert [v.tolist() for v in after.read(range(8), ["prompts"])["prompts"]] == [list(range(i + 1)) for i in range(8)]
+        assert after.client.hget(after.keys.base + "version", 0) == b"3"
+        after.put(held.indexes, {"responses": [[1]] * 2}, lease=held.lease)  # the lease survived too
+        assert after.claim("actor_rollout", ["prompts"], 8).indexes == [6, 7]
+    finally:
+        stop_redis_server(proc)
+
+
+def test_the_client_uses_the_configured_password(tmp_path):
+    proc, url = start_redis_server(tmp_path, "--requirepass", "pw-123")
+    try:
+        with pytest.raises(Unauthenticated, match="redis refused the credentials"):
+            Dock.from_config(_config(url)).stats()
+        dock = Dock.from_config(_config(url, redis_password="pw-123"))
+        dock.create(DockLayout(n_samples_per_prompt=1, capacity_groups=1))
+        assert dock.stats().capacity_rows == 1
+    finally:
+        stop_redis_server(proc)
+
+
+def test_the_client_connects_over_tls_with_the_configured_ca(tmp_path):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", "0", "--tls-port", str(port),
+                             "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                             "--tls-auth-clients", "no", "--save", "", "--dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        tls = _config(f"redis://127.0.0.1:{port}/0", redis_tls=True, redis_tls_ca_file=str(cert))
+        for _ in range(100):  # wait until the server answers over TLS
+            try:
+                Dock.from_config(tls).client.ping()
+                break
+            except redis.RedisError:
+                time.sleep(0.05)
+        dock = Dock.from_config(tls)
+        dock.create(DockLayout(n_samples_per_prompt=1, capacity_groups=2))
+        dock.put([0], {"prompts": [[1, 2]]})
+        assert dock.read([0], ["prompts"])["prompts"][0].tolist() == [1, 2]
+        with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):  # without the CA: not trusted
+            Dock.from_config(_config(f"redis://127.0.0.1:{port}/0", redis_tls=True)).client.ping()
+    finally:
+        stop_redis_server(proc)

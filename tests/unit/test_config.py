@@ -1,0 +1,114 @@
+"""Config loading: good configs load, each class of bad config fails naming the key path."""
+import pathlib
+
+import pytest
+import yaml
+
+from services.common.config import ConfigError, config_from_dict, load_config
+
+CONFIGS = sorted(pathlib.Path(__file__).resolve().parents[2].glob("configs/*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    cfg = load_config(path)
+    assert cfg.rl_config.actor_rollout_dispatch_size % cfg.rl_config.n_samples_per_prompt == 0
+    assert cfg.rl_config.rollout_max_tokens == cfg.generate_config.sampling_config.max_tokens
+
+
+def test_mindspeed_defaults():
+    cfg = config_from_dict({"rl_config": {"adv_estimator": "gae"}})
+    rl = cfg.rl_config
+    assert (rl.n_samples_per_prompt, rl.clip_ratio, rl.entropy_coeff) == (1, 0.2, 0.0)
+    assert (rl.guarantee_order, rl.shuffle_mini_batch, rl.partial_rollout_max_split) == (False, False, 1)
+    assert (rl.overlong_buffer_enable, rl.rollout_max_tokens) == (False, 2048)
+
+
+def test_dispatch_sizes_derived_from_gbs_n_and_dp():
+    cfg = config_from_dict({
+        "megatron_training": {"global_batch_size": 8, "tensor_model_parallel_size": 2},
+        "rl_config": {"n_samples_per_prompt": 4, "actor_resource": {"num_npus": 4}},
+        "rollout": {"replicas": 2},
+    })
+    rl = cfg.rl_config
+    assert rl.actor_rollout_dispatch_size == 16  # 8 * 4 / 2 rollout replicas
+    assert rl.actor_logprob_dispatch_size == rl.actor_update_dispatch_size == rl.ref_dispatch_size == 16  # dp = 4 / 2
+    assert rl.adv_dispatch_size == rl.reward_dispatch_size == 32
+    assert rl.mini_batch_size == 32
+
+
+def test_explicit_dispatch_size_kept():
+    cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "actor_rollout_dispatch_size": 4},
+                            "megatron_training": {"global_batch_size": 4}})
+    assert cfg.rl_config.actor_rollout_dispatch_size == 4
+
+
+def test_scientific_notation_read_as_number():
+    assert config_from_dict(yaml.safe_load("megatron_training: {lr: 1e-6}\nrl_config: {adv_estimator: gae}")).megatron_training.lr == 1e-6
+
+
+def test_config_is_frozen():
+    cfg = config_from_dict({"rl_config": {"adv_estimator": "gae"}})
+    with pytest.raises(Exception):
+        cfg.rl_config.clip_ratio = 0.3
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"rl_config": {"n_samples_per_promt": 4}}, r"rl_config\.n_samples_per_promt: unknown key \(did you mean 'n_samples_per_prompt'\?\)"),
+    ({"rollout_config": {}}, r"rollout_config: unknown key"),
+    ({"rl_config": {"clip_ratio": "wide"}}, r"rl_config\.clip_ratio: expected a number, got str 'wide'"),
+    ({"rl_config": {"guarantee_order": "yes"}}, r"rl_config\.guarantee_order: expected true or false"),
+    ({"megatron_training": {"global_batch_size": 2.5}}, r"megatron_training\.global_batch_size: expected an integer"),
+    ({"generate_config": {"sampling_config": {"stop": 5}}}, r"generate_config\.sampling_config\.stop\[0\]: expected a string"),
+    ({"generate_config": "fast"}, r"generate_config: expected a mapping"),
+    ({"generate_config": {"sampling_config": {"max_tokens": 1024}}},
+     r"rl_config\.rollout_max_tokens: 2048 != generate_config\.sampling_config\.max_tokens 1024"),
+    ({"rl_config": {"guarantee_order": True, "partial_rollout_max_split": 2, "n_samples_per_prompt": 2}},
+     r"rl_config\.guarantee_order: cannot be true with partial_rollout_max_split > 1"),
+    ({"rl_config": {"verifier_function": ["acc", "format"], "verifier_weight": [1.0], "n_samples_per_prompt": 2}},
+     r"rl_config\.verifier_weight: 1 weights for 2 verifier_function entries"),
+    ({"rl_config": {"n_samples_per_prompt": 1}}, r"rl_config\.n_samples_per_prompt: group_norm advantages need at least 2"),
+    ({"rl_config": {"n_samples_per_prompt": 3, "actor_rollout_dispatch_size": 4}, "megatron_training": {"global_batch_size": 4}},
+     r"rl_config\.actor_rollout_dispatch_size: 4 is not a multiple of n_samples_per_prompt=3"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "mini_batch_size": 3}, "megatron_training": {"global_batch_size": 4}},
+     r"rl_config\.mini_batch_size: 3 must divide global_batch_size \* n_samples_per_prompt = 8"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "generate_config": {"sampling_config": {"top_p": 0}}},
+     r"generate_config\.sampling_config\.top_p: must be in \(0, 1\], got 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"tensor_model_parallel_size": 3}},
+     r"rl_config\.actor_resource\.num_npus: 1 is not a multiple of tensor_model_parallel_size"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "kl_penalty": "k9"}}, r"rl_config\.kl_penalty: 'k9' is not one of"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "rollout": {"grpc_port": 70000}}, r"rollout\.grpc_port: 70000 is not a TCP port"),
+])
+def test_bad_config_names_the_key(data, match):
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict(data)
+
+
+def test_all_errors_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"rl_config": {"clip_ratio": "x", "epochs": "y"}, "dock": {"prefx": "a"}})
+    assert len(info.value.errors) == 3
+
+
+def test_overrides_and_file_errors(tmp_path):
+    cfg = load_config(None, ["rollout.grpc_port=50099", "rl_config.entropy_coeff=0.01"])
+    assert cfg.rollout.grpc_port == 50099 and cfg.rl_config.entropy_coeff == 0.01
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(None, ["rollout.grpc_port"])
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rl_config: [1, 2")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("DOCKRL__DOCK__REDIS_URL", "redis://redis:6379/0")
+    monkeypatch.setenv("DOCKRL__GENERATE_CONFIG__SAMPLING_CONFIG__TOP_K", "5")
+    cfg = load_config(None, ["generate_config.sampling_config.top_k=7"])
+    assert cfg.dock.redis_url == "redis://redis:6379/0"
+    assert cfg.generate_config.sampling_config.top_k == 7  # --set wins over the environment
+    monkeypatch.setenv("DOCKRL__DOCK__LEASE_SECOND", "3")
+    with pytest.raises(ConfigError, match=r"dock\.lease_second: unknown key \(did you mean 'lease_seconds'\?\)"):
+        load_config(None)
