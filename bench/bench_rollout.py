@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO))
 
 ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 64, "seed": 1234}
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+WARMUPS = 2  # untimed repetitions per path first (CPU kernels are built on first use of a shape)
 
 
 def prompts_for(count: int, length: int) -> list[list[int]]:
@@ -39,7 +40,8 @@ def offline_worker(model: str, prompts: list[list[int]], max_tokens: int, reps: 
     llm = LLM(model=model, enforce_eager=True, **ENGINE)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    llm.generate(batch, params, use_tqdm=False)
+    for _ in range(WARMUPS):
+        llm.generate(batch, params, use_tqdm=False)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -78,7 +80,7 @@ async def http_rep(base: str, model: str, prompts: list[list[int]], max_tokens: 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="16 prompts x 32 tokens, 3 repetitions")
+    parser.add_argument("--quick", action="store_true", help="16 prompts x 32 tokens, 5 repetitions")
     parser.add_argument("--model", default="", help="HF model directory (default: build the tiny model)")
     parser.add_argument("--prompts", type=int, default=64, help="prompts in flight per repetition")
     parser.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
@@ -92,7 +94,7 @@ def main() -> int:
         out.write_text(json.dumps(offline_worker(**spec)))
         return 0
     if args.quick:
-        args.prompts, args.max_tokens, args.reps = 16, 32, 3
+        args.prompts, args.max_tokens, args.reps = 16, 32, 5
 
     from services.rollout.launcher import spawn_replica
 
@@ -113,12 +115,13 @@ def main() -> int:
                        stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
     offline = json.loads(out.read_text())
 
-    # 2. our server: gRPC and HTTP repetitions interleaved, after one warm-up of each
+    # 2. our server: gRPC and HTTP repetitions interleaved, after WARMUPS of each
     overrides = [f"generate_config.{k}={v}" for k, v in ENGINE.items()] + ["rollout.omp_threads_bind=nobind", "rollout.max_queue=1024"]
     replica = spawn_replica(model, work, "bench", overrides, "bench", ENV).wait()
     try:
-        asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens))
-        asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens))
+        for _ in range(WARMUPS):
+            asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens))
+            asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens))
         grpc_times, http_times = [], []
         for _ in range(args.reps):
             grpc_times.append(asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens)))

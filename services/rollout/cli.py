@@ -17,6 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--grpc-port", type=int, default=None, help="gRPC port, 0 picks a free one (default: rollout.grpc_port)")
     serve.add_argument("--http-port", type=int, default=None, help="HTTP port, 0 picks a free one (default: rollout.http_port)")
     serve.add_argument("--served-model-name", default=None, help="model name clients must send (default: rollout.served_model_name, else the model directory's name)")
+    serve.add_argument("--dock", default=None, metavar="REDIS_URL", help="also work for the dock at this Redis (redis://host:port/db): claim prompts, generate, put responses back; the run is dock.prefix / dock.run_id of the config")
     serve.add_argument("--ready-file", default=None, help="write {grpc_port, http_port, pid} as JSON here once both servers accept calls")
 
 
@@ -41,5 +42,6 @@ def run(args: argparse.Namespace) -> int:
         http_port=args.http_port if args.http_port is not None else cfg.rollout.http_port,
         served_model_name=args.served_model_name or "",
         ready_file=args.ready_file,
+        dock_url=args.dock or "",
     )
     return asyncio.run(serve(cfg, options))

@@ -74,8 +74,12 @@ def spawn_replica(
     overrides: Sequence[str] = (),
     served_model_name: str = "",
     env: dict[str, str] | None = None,
+    extra_args: Sequence[str] = (),
 ) -> PendingReplica:
-    """Starts `python -m services.rollout serve` on 127.0.0.1 with OS-chosen ports; log in `work_dir`."""
+    """Starts `python -m services.rollout serve` on 127.0.0.1 with OS-chosen ports; log in `work_dir`.
+
+    `overrides` are `section.key=value` config overrides; `extra_args` more serve flags (e.g. --dock URL).
+    """
     work = pathlib.Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     ready = work / f"{name}.ready.json"
@@ -89,6 +93,7 @@ def spawn_replica(
         cmd += ["--served-model-name", served_model_name]
     for override in overrides:
         cmd += ["--set", override]
+    cmd += list(extra_args)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

@@ -33,6 +33,7 @@ class ServeOptions:
     http_port: int
     served_model_name: str = ""
     ready_file: str | None = None
+    dock_url: str = ""  # non-empty: also run the dock worker against this Redis
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -66,13 +67,32 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
         ready = pathlib.Path(options.ready_file)
         ready.with_suffix(".tmp").write_text(json.dumps({"grpc_port": grpc_port, "http_port": http_port, "pid": os.getpid()}))
         ready.with_suffix(".tmp").rename(ready)
-    # 3. until a signal (uvicorn sees it first, ends its server, then re-raises it to us)
-    stop_task = asyncio.create_task(stop.wait())
-    await asyncio.wait([http_task, stop_task], return_when=asyncio.FIRST_COMPLETED)
+    # 3. the dock worker, when asked for
+    tasks = [http_task, asyncio.create_task(stop.wait())]
+    if options.dock_url:
+        worker = _dock_worker(engine, cfg, token, options.dock_url, f"{_advertised(options.host)}:{grpc_port}")
+        tasks.append(asyncio.create_task(worker.run(stop)))
+    # 4. until a signal (uvicorn sees it first, ends its server, then re-raises it to us)
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     log_event(log, "stopping")
+    stop.set()
     http.should_exit = True
-    await http_task
+    await asyncio.gather(*tasks)
     await grpc_server.stop(grace=2.0)
     engine.shutdown()
-    stop_task.cancel()
     return 0
+
+
+def _advertised(host: str) -> str:
+    """The address other machines reach this one at (the bind address unless it is a wildcard)."""
+    return socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+
+
+def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str, address: str):
+    from services.dock.client import Dock
+    from services.dock.registry import ReplicaRegistry
+    from services.rollout.dock_worker import DockWorker
+
+    dock = Dock.from_config(cfg, token=token, redis_url=redis_url)
+    registry = ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s)
+    return DockWorker(engine, dock, registry, cfg, address)

@@ -14,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import uuid
 
 import grpc
 
@@ -29,14 +30,22 @@ MAX_MODEL_LEN = 128
 @dataclasses.dataclass
 class Servers:
     model_dir: pathlib.Path
-    a: LocalReplica
-    b: LocalReplica
+    a: LocalReplica  # every test
+    b: LocalReplica  # the chain's second link, and a dock worker for DOCK_PREFIX / DOCK_RUN
 
 
 _SERVERS: Servers | None = None
 OVERRIDES = (
     f"rollout.max_queue={MAX_QUEUE}", f"auth.token={TOKEN}", "rollout.omp_threads_bind=nobind",
     f"generate_config.max_model_len={MAX_MODEL_LEN}", "generate_config.dtype=float32",
+)
+REDIS_URL = "redis://127.0.0.1:6379/0"
+DOCK_PREFIX = f"rollout-test-{uuid.uuid4().hex[:12]}"
+DOCK_RUN = "worker"
+DOCK_OVERRIDES = (  # greedy, 2 samples per prompt, each sample generated over 2 claims of 4 tokens
+    f"dock.prefix={DOCK_PREFIX}", f"dock.run_id={DOCK_RUN}", "rl_config.n_samples_per_prompt=2",
+    "rl_config.partial_rollout_max_split=2", "generate_config.sampling_config.temperature=0.0",
+    "rollout.heartbeat_ttl_s=3",
 )
 
 
@@ -55,7 +64,10 @@ def shared_servers(request) -> Servers:
         work = pathlib.Path(tempfile.mkdtemp(prefix="rollout-test-"))
         model_dir = build_tiny_model(work / "model")
         env = {"OMP_NUM_THREADS": "1"}  # two replicas and the test share two cores
-        pending = [spawn_replica(model_dir, work, name, OVERRIDES, "tiny", env) for name in ("a", "b")]
+        pending = [
+            spawn_replica(model_dir, work, "a", OVERRIDES, "tiny", env),
+            spawn_replica(model_dir, work, "b", OVERRIDES + DOCK_OVERRIDES, "tiny", env, extra_args=("--dock", REDIS_URL)),
+        ]
         started = [p.wait() for p in pending]
         _SERVERS = Servers(model_dir, *started)
 
