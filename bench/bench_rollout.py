@@ -21,6 +21,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 64, "seed": 1234}
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -81,7 +82,9 @@ async def http_rep(base: str, model: str, prompts: list[list[int]], max_tokens: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="16 prompts x 32 tokens, 5 repetitions")
-    parser.add_argument("--model", default="", help="HF model directory (default: build the tiny model)")
+    parser.add_argument("--model", default="", help="HF model directory (default: build one of --hidden x --layers)")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden size of the built model (128: the tiny model; else head_dim 64)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the built model")
     parser.add_argument("--prompts", type=int, default=64, help="prompts in flight per repetition")
     parser.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
@@ -101,9 +104,9 @@ def main() -> int:
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     model = args.model
     if not model:
-        from services.common.tiny_model import build_tiny_model
+        from rollout_bench_model import build_bench_model
 
-        model = str(build_tiny_model(work / "model"))
+        model = str(build_bench_model(work / "model", args.hidden, args.layers))
     prompts = prompts_for(args.prompts, args.prompt_len)
     print(f"model={model} prompts={args.prompts}x{args.prompt_len} max_tokens={args.max_tokens} reps={args.reps}", flush=True)
 

@@ -20,6 +20,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
@@ -56,7 +57,7 @@ def raw_socket_seconds(payloads: list[bytes]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a ~14 MB model, 3 repetitions")
-    parser.add_argument("--hidden", type=int, default=512, help="hidden size of the generated model (head_dim 64)")
+    parser.add_argument("--hidden", type=int, default=512, help="hidden size of the generated model (128: the tiny model; else head_dim 64)")
     parser.add_argument("--layers", type=int, default=8, help="layers of the generated model")
     parser.add_argument("--bucket-mb", type=float, default=16, help="bucket size")
     parser.add_argument("--chunk-mb", type=float, default=4, help="chunk (message) size")
@@ -68,16 +69,13 @@ def main() -> int:
     import grpc
     from safetensors.torch import load_file
 
-    from services.common.config import InitModelConfig
+    from rollout_bench_model import build_bench_model
     from services.common.pb import rollout_pb2_grpc
-    from services.common.tiny_model import build_tiny_model
     from services.rollout.launcher import spawn_replica
     from services.rollout.weight_chunks import weight_chunks
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench-weights-"))
-    cfg = InitModelConfig(hidden_size=args.hidden, num_layers=args.layers, num_attention_heads=args.hidden // 64,
-                          num_key_value_heads=max(1, args.hidden // 128), intermediate_size=3 * args.hidden)
-    model = build_tiny_model(work / "model", cfg)
+    model = build_bench_model(work / "model", args.hidden, args.layers)
     state = sorted(load_file(str(model / "model.safetensors")).items())
     bucket, chunk = int(args.bucket_mb * 2**20), int(args.chunk_mb * 2**20)
     chunks = list(weight_chunks(state, 1, bucket, chunk))
@@ -86,7 +84,7 @@ def main() -> int:
           f"buckets={chunks[0].num_buckets} chunks={len(chunks)} reps={args.reps}", flush=True)
 
     replica = spawn_replica(model, work, "bench", ["generate_config.dtype=float32", "rollout.omp_threads_bind=nobind"], "bench", ENV).wait()
-    push_times, server_times, raw_times = [], [], []
+    push_times, server_times, apply_times, raw_times = [], [], [], []
     try:
         channel = grpc.insecure_channel(replica.grpc_target, options=[("grpc.max_send_message_length", 64 << 20)])
         stub = rollout_pb2_grpc.RolloutStub(channel)
@@ -101,6 +99,7 @@ def main() -> int:
             if version:
                 push_times.append(seconds)
                 server_times.append(response.seconds)
+                apply_times.append(response.apply_seconds)
                 raw_times.append(raw)
     finally:
         replica.stop()
@@ -110,7 +109,9 @@ def main() -> int:
 
     print(f"{'path':<34}{'median MB/s':>12}{'vs raw':>9}")
     for name, times in (("raw loopback socket", raw_times), ("UpdateWeights (client wall time)", push_times),
-                        ("UpdateWeights (server-side time)", server_times)):
+                        ("UpdateWeights (server-side time)", server_times),
+                        ("  of which receive + stage", [s - a for s, a in zip(server_times, apply_times)]),
+                        ("  of which apply (paused)", apply_times)):
         print(f"{name:<34}{mbps(times):>12.1f}{mbps(times) / mbps(raw_times):>8.3f}x")
     return 0
 

@@ -116,7 +116,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             await grpc_abort_async(context, exc)
         return rollout_pb2.UpdateWeightsResponse(
             version=result.version, bytes_received=result.bytes_received, seconds=result.seconds,
-            replicas_updated=result.replicas_updated,
+            replicas_updated=result.replicas_updated, apply_seconds=result.apply_seconds,
         )
 
     async def GetInfo(self, request, context):

@@ -65,6 +65,7 @@ class PushResult:
     bytes_received: int
     seconds: float
     replicas_updated: int
+    apply_seconds: float  # of `seconds`: generation paused while the staged weights loaded
 
 
 @dataclass
@@ -120,15 +121,15 @@ class WeightReceiver:
                 raise
             received = time.perf_counter()
             await self.engine.commit_staged_weights(push.version)
-            committed = time.perf_counter()
+            apply_seconds = time.perf_counter() - received
             downstream = await forwarder.finish() if forwarder is not None else 0
             seconds = time.perf_counter() - start
             log_event(
                 log, "weights applied", version=push.version, bytes=push.bytes_received, seconds=f"{seconds:.3f}",
-                receive_and_stage_s=f"{received - start:.3f}", commit_s=f"{committed - received:.3f}",
+                receive_and_stage_s=f"{received - start:.3f}", apply_s=f"{apply_seconds:.3f}",
                 mb_per_s=f"{push.bytes_received / max(seconds, 1e-9) / 1e6:.1f}", forwarded_to=downstream,
             )
-            return PushResult(push.version, push.bytes_received, seconds, 1 + downstream)
+            return PushResult(push.version, push.bytes_received, seconds, 1 + downstream, apply_seconds)
 
     def _begin(self, chunk: rollout_pb2.WeightChunk) -> _Push:
         if chunk.num_buckets < 1:

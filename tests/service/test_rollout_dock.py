@@ -17,6 +17,7 @@ from services.common.pb import rollout_pb2
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
+from services.rollout.launcher import spawn_replica
 
 pytestmark = pytest.mark.service
 
@@ -76,3 +77,36 @@ def test_dock_worker_fills_every_row_across_partial_claims(servers, dock):
         assert [int(v) for v in got["versions"][i]] == [version] * len(response)
         assert got["finish_reason"][i] == ("stop" if response[-1] in EOS_IDS else "length")
     assert max(len(r) for r in got["responses"]) > max_tokens // cfg.rl_config.partial_rollout_max_split, "no sample needed a second claim"
+
+
+def test_sigterm_returns_unfinished_claims_and_deregisters(servers, tmp_path):
+    """A replica stopped mid-claim leaves no row leased: each is finished or back in the pool."""
+    run = f"{DOCK_RUN}-stop"
+    long_rollout = ("rl_config.rollout_max_tokens=96", "generate_config.sampling_config.max_tokens=96",
+                    f"dock.prefix={DOCK_PREFIX}", f"dock.run_id={run}", "rollout.heartbeat_ttl_s=3")
+    cfg = load_config(None, OVERRIDES + long_rollout)
+    dock = Dock(redis.Redis.from_url(REDIS_URL), DOCK_PREFIX, run, TOKEN)
+    dock.create(DockLayout.from_config(cfg))
+    groups = dock.begin_iteration(cfg.megatron_training.global_batch_size)
+    rows = dock.rows_of(groups)[: cfg.rl_config.actor_rollout_dispatch_size]
+    dock.put(rows, {"prompts": [np.asarray(PROMPTS[i % len(PROMPTS)], np.int32) for i in range(len(rows))]})
+    replica = spawn_replica(servers.model_dir, tmp_path, "c", OVERRIDES + long_rollout, "tiny", {"OMP_NUM_THREADS": "1"},
+                            extra_args=("--dock", REDIS_URL)).wait()
+    try:
+        registry = ReplicaRegistry(dock.client, dock.keys)
+        assert replica.grpc_target in [r.address for r in registry.live("rollout")]
+        deadline = time.monotonic() + 60
+        while dock.stats().leased.get("actor_rollout", 0) == 0:
+            assert time.monotonic() < deadline, "the replica never claimed"
+            time.sleep(0.05)
+        replica.stop()
+        assert replica.proc.returncode == 0
+        stats = dock.stats()
+        assert stats.leased["actor_rollout"] == 0
+        assert stats.consumed["actor_rollout"] == stats.ready["responses"], "a claimed row was neither finished nor returned"
+        assert replica.grpc_target not in [r.address for r in registry.live("rollout")]
+        again = dock.claim("actor_rollout", ["prompts"])  # the returned rows are claimable at once
+        assert (len(again) if again else 0) == len(rows) - stats.ready["responses"]
+    finally:
+        replica.stop()
+        dock.destroy()
