@@ -2,7 +2,8 @@
 
 Same model, engine settings, prompts and sampling params (greedy, EOS ignored, so every run
 generates the same number of tokens); all prompts of a repetition are in flight at once.
-Prints the median tokens/s of each path and its ratio to offline vLLM.
+Both engines stay resident and the repetitions are interleaved (offline, gRPC, HTTP, offline, ...),
+so load from other jobs hits every path alike. Prints medians and the ratio to offline vLLM.
 
     python bench/bench_rollout.py --quick
 """
@@ -24,7 +25,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 64, "seed": 1234}
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# PASSIVE: an idle engine's OpenMP threads sleep instead of spinning on the cores the other engine uses
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_WAIT_POLICY": "PASSIVE"}
 WARMUPS = 2  # untimed repetitions per path first (CPU kernels are built on first use of a shape)
 
 
@@ -33,22 +35,47 @@ def prompts_for(count: int, length: int) -> list[list[int]]:
     return [[(97 + (i * 7 + j) % 26) for j in range(length)] for i in range(count)]
 
 
-def offline_worker(model: str, prompts: list[list[int]], max_tokens: int, reps: int) -> list[float]:
-    """Runs in a subprocess: seconds per repetition of LLM.generate over all prompts (after a warm-up)."""
+def offline_worker(model: str, prompts: list[list[int]], max_tokens: int) -> None:
+    """Runs in a subprocess: one timed LLM.generate over all prompts per line read from stdin, printing `REP <seconds>`."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm = LLM(model=model, enforce_eager=True, **ENGINE)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-    for _ in range(WARMUPS):
-        llm.generate(batch, params, use_tqdm=False)
-    times = []
-    for _ in range(reps):
+    print("REP ready", flush=True)
+    for _ in sys.stdin:
         start = time.perf_counter()
-        llm.generate(batch, params, use_tqdm=False)
-        times.append(time.perf_counter() - start)
-    return times
+        outputs = llm.generate(batch, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        assert all(len(o.outputs[0].token_ids) == max_tokens for o in outputs)
+        print(f"REP {seconds}", flush=True)
+
+
+class OfflineEngine:
+    """The offline vLLM engine in its own process, timed one repetition at a time."""
+
+    def __init__(self, spec: dict, log_path: pathlib.Path):
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, __file__, "--offline-worker", json.dumps(spec)], env={**os.environ, **ENV},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=REPO)
+        self._answer()
+
+    def _answer(self) -> str:
+        for line in self.proc.stdout:  # vLLM logs to stdout too
+            if line.startswith("REP "):
+                return line[4:].strip()
+        raise RuntimeError(f"the offline engine exited; see {self._log.name}")
+
+    def rep(self) -> float:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return float(self._answer())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self._log.close()
 
 
 async def grpc_rep(target: str, prompts: list[list[int]], max_tokens: int) -> float:
@@ -92,9 +119,7 @@ def main() -> int:
     parser.add_argument("--offline-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.offline_worker:
-        spec = json.loads(args.offline_worker)
-        out = pathlib.Path(spec.pop("out"))
-        out.write_text(json.dumps(offline_worker(**spec)))
+        offline_worker(**json.loads(args.offline_worker))
         return 0
     if args.quick:
         args.prompts, args.max_tokens, args.reps = 16, 32, 5
@@ -110,34 +135,32 @@ def main() -> int:
     prompts = prompts_for(args.prompts, args.prompt_len)
     print(f"model={model} prompts={args.prompts}x{args.prompt_len} max_tokens={args.max_tokens} reps={args.reps}", flush=True)
 
-    # 1. offline vLLM in its own process (so both engines never share the cores)
-    out = work / "offline.json"
-    spec = {"model": model, "prompts": prompts, "max_tokens": args.max_tokens, "reps": args.reps, "out": str(out)}
-    with open(work / "offline.log", "wb") as log:
-        subprocess.run([sys.executable, __file__, "--offline-worker", json.dumps(spec)], env={**os.environ, **ENV},
-                       stdout=log, stderr=subprocess.STDOUT, check=True, cwd=REPO)
-    offline = json.loads(out.read_text())
-
-    # 2. our server: gRPC and HTTP repetitions interleaved, after WARMUPS of each
+    # offline vLLM in its own process and our server, both resident; repetitions interleaved so load
+    # from other jobs on the machine hits every path alike
+    offline = OfflineEngine({"model": model, "prompts": prompts, "max_tokens": args.max_tokens}, work / "offline.log")
     overrides = [f"generate_config.{k}={v}" for k, v in ENGINE.items()] + ["rollout.omp_threads_bind=nobind", "rollout.max_queue=1024"]
     replica = spawn_replica(model, work, "bench", overrides, "bench", ENV).wait()
+    times: dict[str, list[float]] = {"vLLM offline": [], "gRPC Generate": [], "HTTP completions": []}
     try:
-        for _ in range(WARMUPS):
-            asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens))
-            asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens))
-        grpc_times, http_times = [], []
-        for _ in range(args.reps):
-            grpc_times.append(asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens)))
-            http_times.append(asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens)))
+        for rep in range(WARMUPS + args.reps):
+            measured = {
+                "vLLM offline": offline.rep(),
+                "gRPC Generate": asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens)),
+                "HTTP completions": asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens)),
+            }
+            if rep >= WARMUPS:
+                for name, seconds in measured.items():
+                    times[name].append(seconds)
     finally:
         replica.stop()
+        offline.close()
 
     tokens = args.prompts * args.max_tokens
-    base = tokens / statistics.median(offline)
-    print(f"{'path':<16}{'median tok/s':>14}{'vs offline':>12}   per-rep tok/s")
-    for name, times in (("vLLM offline", offline), ("gRPC Generate", grpc_times), ("HTTP completions", http_times)):
-        rate = tokens / statistics.median(times)
-        print(f"{name:<16}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in times)}")
+    base = tokens / statistics.median(times["vLLM offline"])
+    print(f"{'path':<18}{'median tok/s':>14}{'vs offline':>12}   per-rep tok/s")
+    for name, reps in times.items():
+        rate = tokens / statistics.median(reps)
+        print(f"{name:<18}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in reps)}")
     return 0
 
 

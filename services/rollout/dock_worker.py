@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted
 from services.common.log import log_event
-from services.rollout.engine import RolloutEngine
+from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.sampling import SamplingOverrides
 
 log = logging.getLogger("dockrl.rollout.dock")
@@ -34,11 +34,17 @@ class RowResult:
     """One claimed row after this claim's generation: the whole response so far."""
 
     index: int
-    response: list[int] = field(default_factory=list)  # [L]
-    logprobs: list[float] = field(default_factory=list)  # [L]
-    versions: list[int] = field(default_factory=list)  # [L]
-    finish_reason: str = ""
+    sample: Completion  # prior partial response + what this claim generated
     finished: bool = False  # False: budget spent before max_tokens; goes back as partial
+
+
+def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
+    """The per-token dock columns of `results` (whole responses so far)."""
+    return {
+        "responses": [np.asarray(r.sample.token_ids, np.int32) for r in results],
+        "rollout_log_probs": [np.asarray(r.sample.logprobs, np.float32) for r in results],
+        "versions": [np.asarray(r.sample.versions, np.int32) for r in results],
+    }
 
 
 def token_budget(max_tokens: int, max_split: int, done: int) -> int:
@@ -77,23 +83,27 @@ class DockWorker:
                 refused = ""
                 if claim is None:
                     continue
-                work = asyncio.create_task(self._process(claim))
-                stopper = asyncio.create_task(stop.wait())
-                await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
-                stopper.cancel()
-                if not work.done():
-                    work.cancel()
-                    await asyncio.gather(work, return_exceptions=True)
-                    await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
-                    log_event(log, "returned claim on stop", rows=len(claim))
-                elif isinstance(work.exception(), DockrlError):  # e.g. a lease that expired: the rows are requeued
-                    log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(work.exception()))
-                else:
-                    work.result()
+                await self._serve_claim(claim, stop)
         finally:
             heartbeat.cancel()
             await asyncio.to_thread(self.registry.deregister, self.engine.replica_id)
             log_event(log, "deregistered", replica=self.engine.replica_id)
+
+    async def _serve_claim(self, claim, stop: asyncio.Event) -> None:
+        """Generates and puts one claim; on `stop` first, aborts it and releases its rows."""
+        work = asyncio.create_task(self._process(claim))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
+            log_event(log, "returned claim on stop", rows=len(claim))
+        elif isinstance(work.exception(), DockrlError):  # e.g. a lease that expired: the rows are requeued
+            log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(work.exception()))
+        else:
+            work.result()
 
     def _claim(self):
         layout = self.dock.layout
@@ -123,41 +133,32 @@ class DockWorker:
         partial = [r for r in results if not r.finished]
         version = self.engine.version
         if done:
-            await asyncio.to_thread(self.dock.put, [r.index for r in done], {
-                "responses": [np.asarray(r.response, np.int32) for r in done],
-                "response_length": [len(r.response) for r in done],
-                "rollout_log_probs": [np.asarray(r.logprobs, np.float32) for r in done],
-                "versions": [np.asarray(r.versions, np.int32) for r in done],
-                "finish_reason": [r.finish_reason for r in done],
-            }, lease=claim.lease, version=version)
+            columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
+                       "finish_reason": [r.sample.finish_reason for r in done]}
+            await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=version)
         if partial:
-            await asyncio.to_thread(self.dock.put, [r.index for r in partial], {
-                "responses": [np.asarray(r.response, np.int32) for r in partial],
-                "rollout_log_probs": [np.asarray(r.logprobs, np.float32) for r in partial],
-                "versions": [np.asarray(r.versions, np.int32) for r in partial],
-            }, lease=claim.lease, version=version, partial=True)
+            await asyncio.to_thread(self.dock.put, [r.index for r in partial], _token_columns(partial),
+                                    lease=claim.lease, version=version, partial=True)
         log_event(log, "claim done", rows=len(results), finished=len(done), partial=len(partial), version=version)
 
     async def _generate(self, index: int, prompt: list[int], response, logprobs, versions) -> RowResult:
-        row = RowResult(index, [int(t) for t in (response if response is not None else [])],
-                        [float(x) for x in (logprobs if logprobs is not None else [])],
-                        [int(v) for v in (versions if versions is not None else [])])
-        budget = token_budget(self.max_tokens, self.max_split, len(row.response))
+        sample = Completion(
+            token_ids=[int(t) for t in (response if response is not None else [])],
+            logprobs=[float(x) for x in (logprobs if logprobs is not None else [])],
+            versions=[int(v) for v in (versions if versions is not None else [])],
+        )
+        budget = token_budget(self.max_tokens, self.max_split, len(sample.token_ids))
         overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0)
         while True:
             try:
-                stream = self.engine.open(prompt + row.response, overrides, detokenize=False)
+                stream = self.engine.open(prompt + sample.token_ids, overrides, detokenize=False)
                 break
             except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
                 await asyncio.sleep(QUEUE_RETRY_S)
             except InvalidArgument as exc:  # this row cannot be generated; it goes back as failed
                 log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
-                row.finish_reason, row.finished = "failed", True
-                return row
+                sample.finish_reason = "failed"
+                return RowResult(index, sample, finished=True)
         async for delta in stream.deltas():
-            row.response += delta.token_ids
-            row.logprobs += delta.logprobs
-            row.versions += [delta.version] * len(delta.token_ids)
-            row.finish_reason = delta.finish_reason or row.finish_reason
-        row.finished = row.finish_reason == "stop" or len(row.response) >= self.max_tokens
-        return row
+            sample.add(delta)
+        return RowResult(index, sample, sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens)

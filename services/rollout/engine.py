@@ -43,6 +43,27 @@ class CompletionDelta:
 
 
 @dataclass
+class Completion:
+    """One completion accumulated from its deltas (or resumed from a partial response)."""
+
+    token_ids: list[int] = field(default_factory=list)  # [L]
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)  # [L]; empty when not asked
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)  # [L]; empty unless logprobs >= 1
+    versions: list[int] = field(default_factory=list)  # [L], policy version of each token
+    finish_reason: str = ""
+
+    def add(self, delta: CompletionDelta) -> None:
+        """Appends a delta of this completion."""
+        self.token_ids += delta.token_ids
+        self.text += delta.text
+        self.logprobs += delta.logprobs
+        self.top_logprobs += delta.top_logprobs
+        self.versions += [delta.version] * len(delta.token_ids)
+        self.finish_reason = delta.finish_reason or self.finish_reason
+
+
+@dataclass
 class _Throughput:
     """Generated tokens over a sliding window, for GetInfo."""
 
@@ -119,6 +140,13 @@ class GenerationStream:
                 await self.engine.llm.abort(self.request_id)
             self.engine._release(self.request_id)
 
+    async def collect(self) -> dict[int, Completion]:
+        """Runs the request to its end; its completions by index."""
+        completions: dict[int, Completion] = {}
+        async for delta in self.deltas():
+            completions.setdefault(delta.index, Completion()).add(delta)
+        return completions
+
     def close(self) -> None:
         """Releases the queue slot of a stream that will never be iterated."""
         self.engine._release(self.request_id)
@@ -177,10 +205,6 @@ class RolloutEngine:
             raise InvalidArgument("messages", "is empty; give at least one message")
         text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
         return self.encode_text(text)
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of `token_ids`, special tokens dropped (as vLLM detokenizes)."""
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     def open(
         self,

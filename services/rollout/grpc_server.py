@@ -1,8 +1,6 @@
 """The gRPC `Rollout` service (proto/rollout.proto) and grpc.health.v1 on one grpc.aio server."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -10,7 +8,7 @@ from services.common.auth import AsyncTokenInterceptor
 from services.common.errors import DockrlError, InvalidArgument, grpc_abort_async
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.rollout.chain import MAX_MESSAGE_BYTES
-from services.rollout.engine import CompletionDelta, RolloutEngine
+from services.rollout.engine import RolloutEngine
 from services.rollout.sampling import NO_LOGPROBS, SamplingOverrides
 from services.rollout.weight_receiver import WeightReceiver
 
@@ -41,22 +39,6 @@ def overrides_from_proto(sp: rollout_pb2.SamplingParams) -> SamplingOverrides:
     )
 
 
-@dataclass
-class _CompletionSoFar:
-    token_ids: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str = ""
-
-    def add(self, delta: CompletionDelta) -> None:
-        self.token_ids += delta.token_ids
-        self.text.append(delta.text)
-        self.logprobs += delta.logprobs
-        self.versions += [delta.version] * len(delta.token_ids)
-        self.finish_reason = delta.finish_reason or self.finish_reason
-
-
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     """Generate / GenerateStream / Abort / UpdateWeights / GetInfo over one RolloutEngine."""
 
@@ -76,16 +58,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     async def Generate(self, request, context):
         try:
             stream = self._open(request)
-            completions: dict[int, _CompletionSoFar] = {}
-            async for delta in stream.deltas():
-                completions.setdefault(delta.index, _CompletionSoFar()).add(delta)
+            completions = await stream.collect()
         except DockrlError as exc:
             await grpc_abort_async(context, exc)
         return rollout_pb2.GenerateResponse(
             request_id=stream.request_id,
             completions=[
                 rollout_pb2.Completion(
-                    index=i, token_ids=c.token_ids, text="".join(c.text), logprobs=c.logprobs,
+                    index=i, token_ids=c.token_ids, text=c.text, logprobs=c.logprobs,
                     finish_reason=c.finish_reason, versions=c.versions,
                 )
                 for i, c in sorted(completions.items())

@@ -7,7 +7,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.common import metrics
 from services.common.errors import DockrlError, InvalidArgument, http_status
-from services.rollout.engine import CompletionDelta, GenerationStream, RolloutEngine
+from services.rollout.engine import GenerationStream, RolloutEngine
 from services.rollout.openai_schema import ChatCompletionRequest, CompletionRequest
 from services.rollout.sampling import SamplingOverrides
 
@@ -27,24 +26,6 @@ def _error(status: int, message: str, param: str | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-@dataclass
-class _Choice:
-    """One completion accumulated from its deltas."""
-
-    token_ids: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    def add(self, delta: CompletionDelta) -> None:
-        self.token_ids += delta.token_ids
-        self.text.append(delta.text)
-        self.logprobs += delta.logprobs
-        self.top_logprobs += delta.top_logprobs
-        self.finish_reason = delta.finish_reason or self.finish_reason
-
-
 class OpenAIFormatter:
     """Renders deltas and choices in the OpenAI response shapes for one engine."""
 
@@ -52,13 +33,15 @@ class OpenAIFormatter:
         self.engine = engine
 
     def token_text(self, token_id: int) -> str:
+        """The text of one token (bytes of a split character show as U+FFFD)."""
         return self.engine.tokenizer.decode([token_id])
 
-    def completion_logprobs(self, token_ids: list[int], logprobs: list[float], top: list[dict[int, float]], offset: int = 0) -> dict | None:
+    def completion_logprobs(self, token_ids: list[int], logprobs: list[float], top: list[dict[int, float]]) -> dict | None:
+        """The `logprobs` object of a /v1/completions choice (None when none were asked)."""
         if not logprobs:
             return None
         tokens = [self.token_text(t) for t in token_ids]
-        offsets, pos = [], offset
+        offsets, pos = [], 0
         for tok in tokens:
             offsets.append(pos)
             pos += len(tok)
@@ -70,6 +53,7 @@ class OpenAIFormatter:
         }
 
     def chat_logprobs(self, token_ids: list[int], logprobs: list[float], top: list[dict[int, float]]) -> dict | None:
+        """The `logprobs` object of a /v1/chat/completions choice (None when none were asked)."""
         if not logprobs:
             return None
 
@@ -95,13 +79,6 @@ def _open_all(engine: RolloutEngine, prompts: list[list[int]], overrides: Sampli
             s.close()
         raise
     return streams
-
-
-async def _collect(stream: GenerationStream) -> dict[int, _Choice]:
-    choices: dict[int, _Choice] = {}
-    async for delta in stream.deltas():
-        choices.setdefault(delta.index, _Choice()).add(delta)
-    return choices
 
 
 def _sse(payload: dict | str) -> str:
@@ -149,12 +126,12 @@ def build_app(engine: RolloutEngine) -> FastAPI:
         n = streams[0].sampling.n
         if req.stream:
             return StreamingResponse(_stream_completion(streams[0], rid, created, req, fmt), media_type="text/event-stream")
-        results = await asyncio.gather(*(_collect(s) for s in streams))
+        results = await asyncio.gather(*(s.collect() for s in streams))
         choices, generated = [], 0
         for p, result in enumerate(results):
             for i, c in sorted(result.items()):
                 choice = {
-                    "index": p * n + i, "text": "".join(c.text), "finish_reason": c.finish_reason,
+                    "index": p * n + i, "text": c.text, "finish_reason": c.finish_reason,
                     "logprobs": fmt.completion_logprobs(c.token_ids, c.logprobs, c.top_logprobs),
                 }
                 if req.return_token_ids:
@@ -174,11 +151,11 @@ def build_app(engine: RolloutEngine) -> FastAPI:
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             return StreamingResponse(_stream_chat(stream, rid, created, req, fmt), media_type="text/event-stream")
-        result = await _collect(stream)
+        result = await stream.collect()
         choices = []
         for i, c in sorted(result.items()):
             choice = {
-                "index": i, "message": {"role": "assistant", "content": "".join(c.text)},
+                "index": i, "message": {"role": "assistant", "content": c.text},
                 "finish_reason": c.finish_reason, "logprobs": fmt.chat_logprobs(c.token_ids, c.logprobs, c.top_logprobs),
             }
             if req.return_token_ids:
