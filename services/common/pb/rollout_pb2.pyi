@@ -147,16 +147,18 @@ class WeightChunk(_message.Message):
     def __init__(self, version: _Optional[int] = ..., bucket_index: _Optional[int] = ..., num_buckets: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., bucket_nbytes: _Optional[int] = ..., data: _Optional[bytes] = ..., data_offset: _Optional[int] = ..., forward_to: _Optional[_Iterable[str]] = ..., num_tensors: _Optional[int] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "bytes_received", "seconds", "replicas_updated")
+    __slots__ = ("version", "bytes_received", "seconds", "replicas_updated", "apply_seconds")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_UPDATED_FIELD_NUMBER: _ClassVar[int]
+    APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: int
     bytes_received: int
     seconds: float
     replicas_updated: int
-    def __init__(self, version: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seconds: _Optional[float] = ..., replicas_updated: _Optional[int] = ...) -> None: ...
+    apply_seconds: float
+    def __init__(self, version: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seconds: _Optional[float] = ..., replicas_updated: _Optional[int] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()

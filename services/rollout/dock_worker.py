@@ -1,0 +1,164 @@
+"""Dock worker mode: this replica pulls prompts (or partial samples) from the dock and puts responses back.
+
+Loop: claim `actor_rollout_dispatch_size` rows whose prompts are ready (oldest first; under
+partial rollout also rows put back unfinished, with their partial responses) -> generate one
+sample per row, continuing any partial response, for at most the partial-rollout token budget
+-> put the finished rows (responses, logprobs, per-token versions, length, finish reason) and
+put the unfinished ones back as partial (age + 1). The replica is registered in the dock's
+replica registry with a heartbeat, so the trainer's weight push finds it. On stop, the rows of
+an unfinished claim go back to the pool and the replica deregisters.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.common.config import Config
+from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted
+from services.common.log import log_event
+from services.rollout.engine import Completion, RolloutEngine
+from services.rollout.sampling import SamplingOverrides
+
+log = logging.getLogger("dockrl.rollout.dock")
+
+PARTIAL_COLUMNS = ("responses", "rollout_log_probs", "versions")
+CLAIM_WAIT_S = 1.0  # a claim waits this long for rows before the loop checks for stop
+QUEUE_RETRY_S = 0.05
+
+
+@dataclass
+class RowResult:
+    """One claimed row after this claim's generation: the whole response so far."""
+
+    index: int
+    sample: Completion  # prior partial response + what this claim generated
+    finished: bool = False  # False: budget spent before max_tokens; goes back as partial
+
+
+def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
+    """The per-token dock columns of `results` (whole responses so far)."""
+    return {
+        "responses": [np.asarray(r.sample.token_ids, np.int32) for r in results],
+        "rollout_log_probs": [np.asarray(r.sample.logprobs, np.float32) for r in results],
+        "versions": [np.asarray(r.sample.versions, np.int32) for r in results],
+    }
+
+
+def token_budget(max_tokens: int, max_split: int, done: int) -> int:
+    """Tokens to generate in this claim: max_tokens // max_split, never past max_tokens in all."""
+    return min(max_tokens // max_split if max_split > 1 else max_tokens, max_tokens - done)
+
+
+class DockWorker:
+    """Runs the claim -> generate -> put loop of one replica against one run's dock."""
+
+    def __init__(self, engine: RolloutEngine, dock, registry, cfg: Config, address: str):
+        self.engine = engine
+        self.dock = dock
+        self.registry = registry
+        self.cfg = cfg
+        self.address = address
+        self.max_tokens = cfg.generate_config.sampling_config.max_tokens
+        self.max_split = cfg.rl_config.partial_rollout_max_split
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serves the dock until `stop` is set; then returns unfinished rows and deregisters."""
+        await asyncio.to_thread(self.registry.register, self.engine.replica_id, self.address, "rollout", self.engine.version)
+        log_event(log, "registered", replica=self.engine.replica_id, address=self.address)
+        heartbeat = asyncio.create_task(self._heartbeat(stop))
+        refused = ""
+        try:
+            while not stop.is_set():
+                try:
+                    claim = await asyncio.to_thread(self._claim)
+                except DockrlError as exc:  # Redis away, or no dock created yet: ask again later
+                    if str(exc) != refused:  # once per distinct reason, not once a second
+                        log_event(log, "claim refused", level=logging.WARNING, error=str(exc))
+                    refused = str(exc)
+                    await asyncio.sleep(CLAIM_WAIT_S)
+                    continue
+                refused = ""
+                if claim is None:
+                    continue
+                await self._serve_claim(claim, stop)
+        finally:
+            heartbeat.cancel()
+            await asyncio.to_thread(self.registry.deregister, self.engine.replica_id)
+            log_event(log, "deregistered", replica=self.engine.replica_id)
+
+    async def _serve_claim(self, claim, stop: asyncio.Event) -> None:
+        """Generates and puts one claim; on `stop` first, aborts it and releases its rows."""
+        work = asyncio.create_task(self._process(claim))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
+            log_event(log, "returned claim on stop", rows=len(claim))
+        elif isinstance(work.exception(), DockrlError):  # e.g. a lease that expired: the rows are requeued
+            log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(work.exception()))
+        else:
+            work.result()
+
+    def _claim(self):
+        layout = self.dock.layout
+        return self.dock.claim(
+            layout.rollout_consumer, ["prompts"], group=not layout.partial_rollout,
+            partial_columns=PARTIAL_COLUMNS if layout.partial_rollout else (), timeout_s=CLAIM_WAIT_S,
+        )
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        period = self.cfg.rollout.heartbeat_ttl_s / 3
+        while not stop.is_set():
+            await asyncio.sleep(period)
+            try:
+                await asyncio.to_thread(self.registry.heartbeat, self.engine.replica_id, self.engine.version)
+            except NotFound:  # expired (e.g. Redis was away longer than the TTL): register again
+                await asyncio.to_thread(self.registry.register, self.engine.replica_id, self.address, "rollout", self.engine.version)
+            except DockrlError as exc:
+                log_event(log, "heartbeat failed", level=logging.WARNING, error=str(exc))
+
+    async def _process(self, claim) -> None:
+        rows = []
+        for i, index in enumerate(claim.indexes):
+            prior = [claim.columns.get(c, [None] * len(claim))[i] for c in PARTIAL_COLUMNS]
+            rows.append(self._generate(index, list(claim.columns["prompts"][i]), *prior))
+        results = await asyncio.gather(*rows)
+        done = [r for r in results if r.finished]
+        partial = [r for r in results if not r.finished]
+        version = self.engine.version
+        if done:
+            columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
+                       "finish_reason": [r.sample.finish_reason for r in done]}
+            await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=version)
+        if partial:
+            await asyncio.to_thread(self.dock.put, [r.index for r in partial], _token_columns(partial),
+                                    lease=claim.lease, version=version, partial=True)
+        log_event(log, "claim done", rows=len(results), finished=len(done), partial=len(partial), version=version)
+
+    async def _generate(self, index: int, prompt: list[int], response, logprobs, versions) -> RowResult:
+        sample = Completion(
+            token_ids=[int(t) for t in (response if response is not None else [])],
+            logprobs=[float(x) for x in (logprobs if logprobs is not None else [])],
+            versions=[int(v) for v in (versions if versions is not None else [])],
+        )
+        budget = token_budget(self.max_tokens, self.max_split, len(sample.token_ids))
+        overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0)
+        while True:
+            try:
+                stream = self.engine.open(prompt + sample.token_ids, overrides, detokenize=False)
+                break
+            except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
+                await asyncio.sleep(QUEUE_RETRY_S)
+            except InvalidArgument as exc:  # this row cannot be generated; it goes back as failed
+                log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
+                sample.finish_reason = "failed"
+                return RowResult(index, sample, finished=True)
+        async for delta in stream.deltas():
+            sample.add(delta)
+        return RowResult(index, sample, sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens)

@@ -1,0 +1,35 @@
+"""A vLLM worker extension that stages a weight push and applies it in one reload.
+
+vLLM mixes this class into its worker (`worker_extension_cls`), so `self.model_runner` is the
+worker's model runner. Buckets arrive through `collective_rpc` as raw bytes plus metadata
+(tensors would arrive as lists); they are kept as tensors until `commit_staged`, which hands all
+of them to `model_runner.reload_weights` at once: vLLM fuses q/k/v and gate/up projections and
+re-packs CPU GEMM weights after loading, so a fused layer must see all of its parts in one reload.
+"""
+from __future__ import annotations
+
+
+class WeightStagingExtension:
+    """collective_rpc methods: stage_bucket, commit_staged, discard_staged."""
+
+    def stage_bucket(self, data: bytes, tensors: list[tuple[str, str, list[int], int, int]]) -> int:
+        """Keeps the bucket's tensors (name, dtype, shape, offset, nbytes) for the next commit; returns how many are staged."""
+        import torch
+
+        staged = self.__dict__.setdefault("_dockrl_staged", [])
+        buffer = bytearray(data)  # writable, so torch.frombuffer does not warn or alias read-only memory
+        for name, dtype, shape, offset, nbytes in tensors:
+            torch_dtype = getattr(torch, dtype)
+            flat = torch.frombuffer(buffer, dtype=torch_dtype, count=nbytes // torch_dtype.itemsize, offset=offset)
+            staged.append((name, flat.reshape(shape)))
+        return len(staged)
+
+    def commit_staged(self) -> int:
+        """Loads every staged tensor into the model in place; returns how many were loaded."""
+        staged = self.__dict__.pop("_dockrl_staged", [])
+        self.model_runner.reload_weights(weights_iterator=iter(staged))
+        return len(staged)
+
+    def discard_staged(self) -> int:
+        """Drops a staged push that will not be applied; returns how many tensors were dropped."""
+        return len(self.__dict__.pop("_dockrl_staged", []))

@@ -1,0 +1,178 @@
+"""Generation on a real vLLM-CPU rollout server: gRPC, HTTP and vLLM offline agree; logprobs match HF;
+bad requests get clear errors; the queue bound answers 429 / RESOURCE_EXHAUSTED."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rollout_harness import (
+    MAX_MODEL_LEN, MAX_QUEUE, TOKEN, greedy_request, hf_greedy, hf_logprobs, load_hf_model, offline_vllm_generate,
+    shared_servers, rollout_stub,
+)
+from services.common.auth import bearer_metadata
+from services.common.pb import rollout_pb2
+
+pytestmark = pytest.mark.service
+
+PROMPTS = [[72, 101, 108, 108, 111], [49, 43, 50, 61], [84, 104, 101, 32, 113, 117, 105, 99, 107]]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def servers(request):
+    return shared_servers(request)
+
+
+@pytest.fixture(scope="module")
+def hf_model(servers):
+    return load_hf_model(servers.model_dir)
+
+
+def http_completion(base: str, prompt, **fields) -> httpx.Response:
+    return httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": prompt, **fields}, timeout=60)
+
+
+def test_greedy_is_identical_over_grpc_http_and_offline_vllm(servers, hf_model):
+    stub = rollout_stub(servers.a)
+    grpc_ids = [list(stub.Generate(greedy_request(p, MAX_TOKENS)).completions[0].token_ids) for p in PROMPTS]
+    again = [list(stub.Generate(greedy_request(p, MAX_TOKENS)).completions[0].token_ids) for p in PROMPTS]
+    http_ids = []
+    for p in PROMPTS:
+        body = http_completion(servers.a.http_base, p, max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, return_token_ids=True).json()
+        http_ids.append(body["choices"][0]["token_ids"])
+    offline_ids = offline_vllm_generate(servers.model_dir, PROMPTS, MAX_TOKENS)
+    assert all(len(ids) == MAX_TOKENS for ids in grpc_ids)
+    assert grpc_ids == again, "greedy generation is not deterministic"
+    assert grpc_ids == http_ids
+    assert grpc_ids == offline_ids
+    assert grpc_ids == [hf_greedy(hf_model, p, MAX_TOKENS) for p in PROMPTS]
+
+
+def test_streamed_tokens_equal_unary_ones(servers):
+    stub = rollout_stub(servers.a)
+    unary = stub.Generate(greedy_request(PROMPTS[0], MAX_TOKENS)).completions[0]
+    chunks = list(stub.GenerateStream(greedy_request(PROMPTS[0], MAX_TOKENS)))
+    assert [t for c in chunks for t in c.token_ids] == list(unary.token_ids)
+    assert [lp for c in chunks for lp in c.logprobs] == pytest.approx(list(unary.logprobs), abs=1e-6)
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_logprobs_match_hf_recomputation(servers, hf_model):
+    stub = rollout_stub(servers.a)
+    for prompt in PROMPTS:
+        completion = stub.Generate(greedy_request(prompt, MAX_TOKENS)).completions[0]
+        expected = hf_logprobs(hf_model, prompt, list(completion.token_ids))
+        assert list(completion.logprobs) == pytest.approx(expected, abs=1e-4)
+        assert list(completion.versions) == [0] * MAX_TOKENS
+    # sampled (temperature 1) tokens too: vLLM reports the raw model's log p of what it sampled
+    sampled = stub.Generate(rollout_pb2.GenerateRequest(
+        token_ids=rollout_pb2.TokenIds(ids=PROMPTS[1]),
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, logprobs=1, n=2, seed=7, ignore_eos=True),
+    ))
+    assert len(sampled.completions) == 2
+    for completion in sampled.completions:
+        assert list(completion.logprobs) == pytest.approx(hf_logprobs(hf_model, PROMPTS[1], list(completion.token_ids)), abs=1e-4)
+
+
+def test_text_prompt_and_info_and_health(servers):
+    stub = rollout_stub(servers.a)
+    response = stub.Generate(rollout_pb2.GenerateRequest(text="Hello", model="tiny", sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=4)))
+    assert response.prompt_tokens == 5 and len(response.completions[0].token_ids) <= 4
+    info = stub.GetInfo(rollout_pb2.GetInfoRequest())
+    assert (info.model, info.max_queue, info.max_model_len) == ("tiny", MAX_QUEUE, MAX_MODEL_LEN)
+    assert info.tokens_per_second > 0
+    channel = grpc.insecure_channel(servers.a.grpc_target)
+    status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="dockrl.rollout.v1.Rollout"))
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+    assert httpx.get(f"{servers.a.http_base}/health").json()["status"] == "ok"
+    assert "dockrl_rollout_generated_tokens_total" in httpx.get(f"{servers.a.http_base}/metrics").text
+
+
+@pytest.mark.parametrize("sampling, message", [
+    (rollout_pb2.SamplingParams(temperature=-0.5), r"temperature: must be in \[0.0, 100.0\], got -0.5"),
+    (rollout_pb2.SamplingParams(top_p=1.5), r"top_p: must be in \(0.0, 1.0\], got 1.5"),
+    (rollout_pb2.SamplingParams(top_k=0), r"top_k: must be -1 \(off\) or >= 1, got 0"),
+    (rollout_pb2.SamplingParams(max_tokens=500), r"max_tokens: must be in \[1, 123\] \(max_model_len 128 - 5 prompt tokens\), got 500"),
+    (rollout_pb2.SamplingParams(n=2, temperature=0), r"n: must be 1 with temperature 0"),
+])
+def test_grpc_rejects_bad_sampling(servers, sampling, message):
+    with pytest.raises(grpc.RpcError) as info:
+        rollout_stub(servers.a).Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]), sampling=sampling))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert __import__("re").search(message, info.value.details()), info.value.details()
+
+
+def test_grpc_rejects_oversize_prompt_and_unknown_model(servers):
+    stub = rollout_stub(servers.a)
+    with pytest.raises(grpc.RpcError, match=r"prompt: has 200 tokens; max_model_len is 128, so at most 127 fit") as info:
+        stub.Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=[65] * 200)))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError, match=r"model: 'gpt-9' is not served here; this server serves 'tiny'") as info:
+        stub.Generate(rollout_pb2.GenerateRequest(text="hi", model="gpt-9"))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError, match=r"prompt: token id 999 is outside the vocabulary \[0, 320\)"):
+        stub.Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=[999])))
+
+
+@pytest.mark.parametrize("fields, status, message", [
+    ({"temperature": -1}, 400, "temperature: must be in [0.0, 100.0], got -1.0"),
+    ({"temperature": "hot"}, 400, "temperature: Input should be a valid number"),
+    ({"max_tokens": 0}, 400, "max_tokens: must be in [1, 123]"),
+    ({"logprobs": 50}, 400, "logprobs: must be in [0, 20], got 50"),
+    ({"prompt": "x" * 300}, 400, "prompt: has 300 tokens; max_model_len is 128"),
+    ({"model": "gpt-9"}, 400, "model: 'gpt-9' is not served here; this server serves 'tiny'"),
+])
+def test_http_rejects_bad_requests(servers, fields, status, message):
+    response = httpx.post(f"{servers.a.http_base}/v1/completions", json={"model": "tiny", "prompt": "Hello", **fields}, timeout=30)
+    assert response.status_code == status
+    assert message in response.json()["error"]["message"]
+
+
+def test_queue_bound_answers_429_and_resource_exhausted(servers):
+    """MAX_QUEUE long requests fill the queue; the next HTTP and gRPC requests are refused, then served."""
+
+    async def main():
+        async with httpx.AsyncClient(base_url=servers.a.http_base, timeout=120) as client:
+            body = {"model": "tiny", "prompt": [65] * 8, "max_tokens": 100, "temperature": 0, "ignore_eos": True}
+            long_ones = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(MAX_QUEUE)]
+            for _ in range(200):  # until all of them are admitted
+                info = rollout_stub(servers.a).GetInfo(rollout_pb2.GetInfoRequest())
+                if info.queue_depth >= MAX_QUEUE:
+                    break
+                await asyncio.sleep(0.02)
+            refused = await client.post("/v1/completions", json={**body, "max_tokens": 2})
+            with pytest.raises(grpc.RpcError) as info:
+                rollout_stub(servers.a).Generate(greedy_request(PROMPTS[0], 2))
+            done = await asyncio.gather(*long_ones)
+            after = await client.post("/v1/completions", json={**body, "max_tokens": 2})
+            return refused, info.value, done, after
+
+    refused, rpc_error, done, after = asyncio.run(main())
+    assert refused.status_code == 429
+    assert f"rollout.max_queue: {MAX_QUEUE} requests are waiting or running (limit {MAX_QUEUE}); retry later" in refused.json()["error"]["message"]
+    assert rpc_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert all(r.status_code == 200 for r in done)
+    assert after.status_code == 200
+
+
+def test_abort_needs_the_token_and_stops_a_request(servers):
+    stub = rollout_stub(servers.a)
+    request = rollout_pb2.GenerateRequest(
+        request_id="abort-me", token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]),
+        sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=120, ignore_eos=True),
+    )
+    stream = stub.GenerateStream(request)
+    first = next(stream)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Abort(rollout_pb2.AbortRequest(request_id="abort-me"))
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert stub.Abort(rollout_pb2.AbortRequest(request_id="abort-me"), metadata=bearer_metadata(TOKEN)).aborted
+    rest = list(stream)
+    tokens = len(first.token_ids) + sum(len(c.token_ids) for c in rest)
+    assert tokens < 120
+    assert rest and rest[-1].finish_reason == "abort"
+    assert not stub.Abort(rollout_pb2.AbortRequest(request_id="abort-me"), metadata=bearer_metadata(TOKEN)).aborted
