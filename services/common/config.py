@@ -160,8 +160,8 @@ class RolloutServiceConfig:
     """Where rollout replicas listen and how much they queue."""
 
     host: str = "127.0.0.1"  # bind address
-    grpc_port: int = 50051  # gRPC port
-    http_port: int = 8000  # OpenAI-compatible HTTP port
+    grpc_port: int = 50051  # gRPC port of the first replica (replica i: + i); 0: a free port each
+    http_port: int = 8000  # OpenAI-compatible HTTP port of the first replica (replica i: + i); 0: a free port each
     replicas: int = 1  # replicas `dockrl up` starts
     max_queue: int = 256  # requests waiting or running; past it 429 / RESOURCE_EXHAUSTED
     served_model_name: str = ""  # default: the model directory's name
@@ -537,8 +537,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     for svc in ("rollout", "reward", "trainer"):
         for port_key in ("grpc_port", "http_port"):
             port = getattr(getattr(cfg, svc), port_key, None)
-            if port is not None and not 0 < port < 65536:
-                errors.append(f"{svc}.{port_key}: {port} is not a TCP port (1-65535)")
+            if port is not None and not 0 <= port < 65536:
+                errors.append(f"{svc}.{port_key}: {port} is not a TCP port (1-65535, or 0 for a free one)")
 
 
 # ---------------------------------------------------------------- public API

@@ -9,6 +9,7 @@ import yaml
 
 from services.common.config import Config, config_to_dict
 from services.launch.process_group import ProcessSpec
+from services.launch.redis_local import free_port
 
 
 def _cpu_binds(count: int) -> list[str]:
@@ -29,6 +30,11 @@ def write_resolved_config(cfg: Config, redis_url: str, path: pathlib.Path) -> pa
     return path
 
 
+def _port(base: int, i: int) -> int:
+    """Replica i's port: base + i, or a free port when the config says 0."""
+    return base + i if base else free_port()
+
+
 def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str) -> list[ProcessSpec]:
     """Rollout replicas, reward replicas and the trainer, in start order."""
     python = sys.executable
@@ -43,11 +49,11 @@ def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str) -> li
             env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.rollout.omp_threads_bind
         specs.append(ProcessSpec(f"rollout-{i}", (
             python, "-m", "services.rollout", "serve", *conf, "--model", cfg.megatron_training.load,
-            "--grpc-port", str(cfg.rollout.grpc_port + i), "--http-port", str(cfg.rollout.http_port + i), "--dock", redis_url,
+            "--grpc-port", str(_port(cfg.rollout.grpc_port, i)), "--http-port", str(_port(cfg.rollout.http_port, i)), "--dock", redis_url,
         ), env))
     for i in range(cfg.reward.replicas):
         specs.append(ProcessSpec(f"reward-{i}", (
-            python, "-m", "services.reward", "serve", *conf, "--port", str(cfg.reward.grpc_port + i), "--dock", redis_url,
+            python, "-m", "services.reward", "serve", *conf, "--port", str(_port(cfg.reward.grpc_port, i)), "--dock",
         )))
-    specs.append(ProcessSpec("trainer", (python, "-m", "services.trainer", "train", *conf, "--port", str(cfg.trainer.grpc_port))))
+    specs.append(ProcessSpec("trainer", (python, "-m", "services.trainer", "train", *conf, "--port", str(_port(cfg.trainer.grpc_port, 0)))))
     return specs

@@ -22,7 +22,7 @@ from services.common.preprocess import load_prompts
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
-from services.trainer.iteration_data import ack_batch, collect_scored_groups, put_prompts
+from services.trainer.iteration_data import RunAccounting, ack_batch, collect_scored_groups, put_prompts
 from services.trainer.prompt_stream import PromptStream
 from services.trainer.rollout_sync import ReplicaSync
 from services.trainer.run_log import RunLog
@@ -61,6 +61,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
     sync = ReplicaSync(cfg, ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s) if leader else None, token)
     gbs, n = mt.global_batch_size, rl.n_samples_per_prompt
     accuracy_before = accuracy_after = None
+    accounting = RunAccounting()
     try:
         weights = session.gather_weights()
         if leader:
@@ -76,8 +77,10 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 if leader:
                     groups = dock.begin_iteration(gbs)
                     put_prompts(dock, groups, stream.take(len(groups)))
+                    accounting.record_put(len(groups), n)
                     batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s,
                                                   on_wait=lambda s: sync.push_to_stale(weights, session.version))
+                    accounting.record_trained(batch, n)
                 batch = session.broadcast(batch)
                 t_rollout = time.perf_counter()
                 session.control.set_state("train")
@@ -113,7 +116,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
             accuracy_after = _evaluate(session, sync, eval_records, session.step, run_log, logger)
             run_log.plot()
             summary = {"accuracy_before": accuracy_before, "accuracy_after": accuracy_after, "steps": session.step,
-                       "dock": dock.stats().__dict__}
+                       "accounting": accounting.__dict__, "dock": dock.stats().__dict__}
             (run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
             if accuracy_before is not None:
                 print(f"held-out accuracy: before {accuracy_before:.1%} -> after {accuracy_after:.1%} "

@@ -52,6 +52,36 @@ class ScoredBatch:
         return cls([], [], [], [], [], [])
 
 
+@dataclass
+class RunAccounting:
+    """Every sample of the run, counted where it enters and where it is trained: none lost, none twice."""
+
+    prompts_put: int = 0
+    rows_put: int = 0
+    groups_trained: int = 0
+    rows_trained: int = 0
+    rows_resumed: int = 0  # trained rows whose group went through more than one rollout round (partial rollout)
+
+    def record_put(self, prompts: int, n: int) -> None:
+        self.prompts_put += prompts
+        self.rows_put += prompts * n
+
+    def record_trained(self, batch: "ScoredBatch", n: int) -> None:
+        """Counts a batch, refusing one that repeats a row or holds a partial group."""
+        if len(set(batch.indexes)) != len(batch.indexes):
+            raise AssertionError(f"a scored batch holds a row twice: {sorted(batch.indexes)}")
+        groups = {i // n for i in batch.indexes}
+        if len(groups) * n != len(batch.indexes):
+            raise AssertionError(f"a scored batch holds an incomplete group: rows {sorted(batch.indexes)}")
+        self.groups_trained += len(groups)
+        self.rows_trained += len(batch.indexes)
+        self.rows_resumed += sum(1 for claim in batch.claims for age in claim.ages if age > 0)
+
+    def in_flight(self) -> int:
+        """Rows put but not trained yet (still in the dock: rollout, reward or carried over)."""
+        return self.rows_put - self.rows_trained
+
+
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
     """Writes each prompt into the n rows of its group slot; returns the rows written."""
     n = dock.layout.n_samples_per_prompt
