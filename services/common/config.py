@@ -449,7 +449,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("rl_config.init_kl_coef", rl.init_kl_coef),
         ("rl_config.overlong_buffer", rl.overlong_buffer),
         ("rl_config.max_staleness", rl.max_staleness),
-        ("reward.metrics_port", cfg.reward.metrics_port),
         ("generate_config.sampling_config.temperature", smp.temperature),
         ("generate_config.sampling_config.logprobs", smp.logprobs),
     ]:
@@ -534,6 +533,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
+    if not 0 <= cfg.reward.metrics_port < 65536:
+        errors.append(f"reward.metrics_port: {cfg.reward.metrics_port} is not a TCP port (1-65535) or 0 (off)")
     for svc in ("rollout", "reward", "trainer"):
         for port_key in ("grpc_port", "http_port"):
             port = getattr(getattr(cfg, svc), port_key, None)

@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, DockrlError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # e.g. the port is taken
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _serve(cfg, args: argparse.Namespace) -> int:

@@ -81,11 +81,9 @@ _SEQ, _PART, _STARTED, _SCORES = 0, 1, 2, 3
 
 
 def _worker_main(conn: Connection, board) -> None:
-    """A worker's loop: warm the parsers, say ready, then score each message's verifiers in turn,
-    posting progress on `board`, and answer all of a message's scores at once."""
+    """A worker's loop: say ready, then score each message's verifiers in turn, posting progress on
+    `board`, and answer all of a message's scores at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which then kills us
-    for name in REGISTRY:
-        run_verifier(name, "<think>x</think><answer>\\boxed{1}</answer>", "1")
     conn.send(_READY)
     while True:
         try:
@@ -138,9 +136,9 @@ class VerifierPool:
             raise ValueError(f"VerifierPool needs parallel >= 1 and timeout_s > 0, got {parallel}, {timeout_s}")
         self.timeout_s = timeout_s
         # forkserver: forking a process that runs gRPC threads is unsafe; the preloaded server
-        # forks workers with math-verify and sympy already imported, so a replacement starts fast.
+        # forks workers with math-verify and sympy imported and warm, so a replacement starts fast.
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["services.reward.verifiers"])
+        self._ctx.set_forkserver_preload(["services.reward.preload"])
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all: set[_Worker] = set()
         self._lock = threading.Lock()

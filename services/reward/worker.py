@@ -65,9 +65,11 @@ class RewardWorker:
     @classmethod
     def from_config(cls, cfg: Config, runner: VerifierRunner) -> "RewardWorker":
         """A worker on the run's dock, with the run's verifiers and tokenizer."""
+        decoder = ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path)
+        if not decoder.available:
+            raise FailedPrecondition("megatron_training.tokenizer_name_or_path is empty: the dock worker decodes responses with it")
         dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
-        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner,
-                   ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path))
+        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder)
 
     def step(self, wait_s: float = 0.0) -> BatchReport | None:
         """One claim (waiting up to `wait_s` for work), scored and put back; None when there was no work."""
@@ -75,7 +77,11 @@ class RewardWorker:
                                 partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
             return None
-        scored = score_samples(self._inputs(claim), self.plan, self.runner)
+        try:
+            scored = score_samples(self._inputs(claim), self.plan, self.runner)
+        except Exception:  # e.g. the tokenizer cannot load: give the rows back at once
+            self.dock.release(claim.lease, claim.indexes)
+            raise
         columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
         if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
             columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
@@ -115,9 +121,9 @@ class RewardWorker:
             while not stop.is_set():
                 try:
                     report = self.step(wait_s=_CLAIM_WAIT_S)
-                except (FailedPrecondition, Unavailable) as exc:  # no dock created yet, or Redis away: wait
+                except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait
                     if str(exc) != waiting_for:
-                        log_event(logger, "dock not ready; retrying every second", logging.WARNING, reason=str(exc))
+                        log_event(logger, "cannot score yet; retrying every second", logging.WARNING, reason=str(exc))
                         waiting_for = str(exc)
                     stop.wait(_CLAIM_WAIT_S)
                     continue

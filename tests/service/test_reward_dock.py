@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from services.common.errors import FailedPrecondition
 from services.common.templates import load_templates
 from services.common.tiny_model import build_tokenizer
 from services.dock.registry import ReplicaRegistry
@@ -139,3 +140,17 @@ def test_run_until_registers_the_replica_and_stops(dock_factory, tokenizer, pool
     thread.join(10)
     assert not thread.is_alive() and registry.live("reward") == []
     assert [float(s) for s in owner.read(rows, ["rm_scores"])["rm_scores"]] == [1.0] * N
+
+
+def test_a_worker_that_cannot_decode_gives_its_rows_back(dock_factory, tokenizer, pool, tmp_path):
+    path, tok = tokenizer
+    owner = dock_factory(LAYOUT)
+    rows = owner.rows_of([0])
+    owner.put(rows, {"labels": ["2"] * N})
+    put_responses(owner, tok, rows, lambda r: r"\boxed{2}")
+    broken = RewardWorker(dock_factory(), PLAN, pool, ResponseDecoder(str(tmp_path / "no-tokenizer")), N)
+    with pytest.raises(FailedPrecondition, match="tokenizer_name_or_path: cannot load"):
+        broken.step()
+    assert owner.stats().leased[CONSUMER] == 0
+    taken = RewardWorker(dock_factory(), PLAN, pool, ResponseDecoder(path), N).step()
+    assert taken.indexes == rows and [float(s) for s in owner.read(rows, ["rm_scores"])["rm_scores"]] == [1.0] * N

@@ -1,7 +1,7 @@
 """The weighted sum over verifier_function / verifier_weight and DAPO's overlong penalty."""
 import pytest
 
-from services.common.config import config_from_dict
+from services.common.config import ConfigError, config_from_dict
 from services.common.errors import InvalidArgument
 from services.reward.overlong import OverlongPenalty
 from services.reward.pool import InProcessRunner
@@ -49,3 +49,14 @@ def test_plan_rejects_unknown_verifiers_and_weight_mismatch():
         ScoringPlan.create(["acc", "format"], [1.0], OverlongPenalty())
     with pytest.raises(InvalidArgument, match="verifier_function: give at least one verifier"):
         ScoringPlan.create([], [], OverlongPenalty())
+
+
+def test_reward_config_limits_are_validated():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict({"rl_config": {"n_samples_per_prompt": 2},
+                          "reward": {"max_items": 0, "server_threads": -1, "metrics_port": 70000}})
+    assert info.value.errors == [
+        "reward.max_items: must be > 0, got 0",
+        "reward.server_threads: must be > 0, got -1",
+        "reward.metrics_port: 70000 is not a TCP port (1-65535) or 0 (off)",
+    ]
