@@ -1,4 +1,4 @@
-"""One rank of the critic's TP parity test, started by torchrun: values of a fixed batch and one critic update on it.
+"""One rank of the critic's TP / PP parity tests, started by torchrun: values of a fixed batch and one critic update on it.
 
 Usage: torchrun --nproc-per-node N critic_parallel_worker.py HF_DIR OUT_DIR TP PP
 Each rank writes OUT_DIR/rank{r}.pt with the values before and after the update and its metrics.

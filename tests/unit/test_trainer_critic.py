@@ -1,4 +1,4 @@
-"""The PPO critic: values from the value head, token rewards with KL-in-reward, GAE targets, critic steps, TP=2, checkpoints."""
+"""The PPO critic: values from the value head, token rewards with KL-in-reward, GAE targets, critic steps, TP/PP=2, checkpoints."""
 import dataclasses
 import os
 import pathlib
@@ -130,7 +130,8 @@ def test_critic_steps_move_values_toward_fixed_returns(hf_dir):
     assert 0 < metrics.vf_clipfrac < 1  # the second epoch's steps move some values past old +- 0.2
 
 
-def test_two_tensor_parallel_ranks_give_one_rank_values_and_step(hf_dir, tmp_path):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
+def test_two_ranks_give_one_rank_values_and_step(hf_dir, tmp_path, tp, pp):
     critic = tp1_critic(hf_dir)
     batch = random_batch(**CRITIC_BATCH)
     values = compute_values(critic, batch, FORWARD)
@@ -140,14 +141,14 @@ def test_two_tensor_parallel_ranks_give_one_rank_values_and_step(hf_dir, tmp_pat
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(hf_dir), str(tmp_path), "2", "1"]
+           "--master-port", str(port), str(WORKER), str(hf_dir), str(tmp_path), str(tp), str(pp)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     for r in range(2):
         rank = torch.load(tmp_path / f"rank{r}.pt", weights_only=True)
         assert torch.allclose(rank["values"], values, atol=1e-5)
         assert torch.allclose(rank["values_after"], after, atol=1e-5)
-        for name in ("vf_loss", "vf_clipfrac", "values_mean", "grad_norm"):  # grad_norm spans the TP shards
+        for name in ("vf_loss", "vf_clipfrac", "values_mean", "grad_norm"):  # grad_norm spans TP shards / PP stages
             assert rank["metrics"][name] == pytest.approx(metrics[name], abs=1e-5), name
     assert (after - values).abs().max() > 1e-3  # the compared step moved the values
 
