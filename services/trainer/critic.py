@@ -21,7 +21,7 @@ from services.trainer.logprobs import ForwardConfig, ModelInputs, ResponseBatch,
 from services.trainer.losses import value_loss
 from services.trainer.masked import masked_mean
 from services.trainer.model import ModelLayout, build_model, compute_device
-from services.trainer.update import broadcast_from_last_stage, clip_grad_norm, finalize_grads, mini_batch_order
+from services.trainer.update import broadcast_from_last_stage, mini_batch_order, optimizer_step
 
 VALUE_HEAD_INIT_STD = 0.02  # HF's initializer_range for the score head of a token-classification model
 CRITIC_CHECKPOINT_DIR = "critic"
@@ -190,11 +190,9 @@ def critic_update(critic, optimizer, scheduler, batch: ResponseBatch, old_values
                 return loss * weight
 
             run_critic_micro_batches(critic, [batch.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
-            finalize_grads(critic, params)
-            grad_norm += clip_grad_norm(params, cfg.clip_grad)
-            lr += optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step(1)
+            step_grad_norm, step_lr = optimizer_step(critic, optimizer, scheduler, params, cfg.clip_grad)
+            grad_norm += step_grad_norm
+            lr += step_lr
             steps += 1
     broadcast_from_last_stage(totals)
     means = dict(zip(VALUE_METRICS, (totals / steps).tolist()))

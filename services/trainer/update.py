@@ -123,7 +123,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     return total
 
 
-def finalize_grads(model, params: list[torch.nn.Parameter]) -> None:
+def _finalize_grads(model, params: list[torch.nn.Parameter]) -> None:
     """Averages gradients over data-parallel replicas; sums a tied embedding's two copies' gradients across stages."""
     from megatron.core import parallel_state
 
@@ -138,6 +138,16 @@ def finalize_grads(model, params: list[torch.nn.Parameter]) -> None:
     if (parallel_state.get_pipeline_model_parallel_world_size() > 1 and shared is not None
             and parallel_state.is_rank_in_embedding_group() and shared.grad is not None):
         torch.distributed.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
+
+
+def optimizer_step(model, optimizer, scheduler, params: list[torch.nn.Parameter], clip_grad: float) -> tuple[float, float]:
+    """One step on the accumulated gradients: replica/tied-copy reduction, clipping, AdamW, scheduler; (grad norm, lr used)."""
+    _finalize_grads(model, params)
+    grad_norm = clip_grad_norm(params, clip_grad)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step(1)
+    return grad_norm, lr
 
 
 def mini_batch_order(num_samples: int, mini_batch_size: int, shuffle: bool, seed: int, epoch: int, step: int) -> list[torch.Tensor]:
@@ -186,11 +196,9 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
                 return out.loss * weight
 
             run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
-            finalize_grads(model, params)
-            grad_norm += clip_grad_norm(params, cfg.clip_grad)
-            lr += optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step(1)
+            step_grad_norm, step_lr = optimizer_step(model, optimizer, scheduler, params, cfg.clip_grad)
+            grad_norm += step_grad_norm
+            lr += step_lr
             steps += 1
     broadcast_from_last_stage(loss_totals)
     means = dict(zip(LOSS_METRICS, (loss_totals / steps).tolist()))
