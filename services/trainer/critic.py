@@ -10,6 +10,7 @@ length - 1 + t), as verl and MindSpeed-RL read it. Checkpoints are checkpoint.py
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -21,7 +22,7 @@ from services.trainer.logprobs import ForwardConfig, ModelInputs, ResponseBatch,
 from services.trainer.losses import value_loss
 from services.trainer.masked import masked_mean
 from services.trainer.model import ModelLayout, build_model, compute_device
-from services.trainer.update import broadcast_from_last_stage, mini_batch_order, optimizer_step
+from services.trainer.update import broadcast_from_last_stage, build_optimizer, mini_batch_order, optimizer_step
 
 VALUE_HEAD_INIT_STD = 0.02  # HF's initializer_range for the score head of a token-classification model
 CRITIC_CHECKPOINT_DIR = "critic"
@@ -65,6 +66,11 @@ def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: 
     # cross-stage embedding gradient sum is run.
     model.share_embeddings_and_output_weights = False
     return model
+
+
+def build_critic_optimizer(critic, mt, total_steps: int):
+    """The actor's AdamW and LR schedule (build_optimizer) at megatron_training.critic_lr (its lr when 0)."""
+    return build_optimizer(critic, dataclasses.replace(mt, lr=mt.critic_lr or mt.lr), total_steps)
 
 
 def response_values(output: torch.Tensor, batch: ResponseBatch, inputs: ModelInputs) -> torch.Tensor:

@@ -25,10 +25,9 @@ FORWARD = ForwardConfig(micro_batch_size=2)
 def parity_critic_update(critic, batch):
     """One critic step on `batch` toward returns of 1.0 (two micro-batches, clipping on); (metrics, values after)."""
     from services.common.config import MegatronTrainingConfig
-    from services.trainer.critic import CriticUpdateConfig, critic_update
-    from services.trainer.update import build_optimizer
+    from services.trainer.critic import CriticUpdateConfig, build_critic_optimizer, critic_update
 
-    optimizer, scheduler = build_optimizer(critic, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=1)
+    optimizer, scheduler = build_critic_optimizer(critic, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=1)
     cfg = CriticUpdateConfig(mini_batch_size=batch.size, clip_grad=0.5, cliprange_value=0.2, forward=FORWARD)
     old = compute_values(critic, batch, FORWARD)
     metrics = critic_update(critic, optimizer, scheduler, batch, old, torch.ones_like(old), cfg)

@@ -11,15 +11,14 @@ import torch
 from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update
 from trainer_helpers import random_batch, tiny_hf_model
 
-from services.common.config import RLConfig, MegatronTrainingConfig
+from services.common.config import MegatronTrainingConfig, RLConfig
 from services.trainer.advantages import gae_advantages, ppo_targets, token_level_rewards
 from services.trainer.checkpoint import TrainState, latest_step
 from services.trainer.checkpoint_convert import load_hf_state
-from services.trainer.critic import (CriticUpdateConfig, build_critic, compute_values, critic_checkpoint_root, critic_update,
-                                     load_critic_checkpoint, save_critic_checkpoint)
+from services.trainer.critic import (CriticUpdateConfig, build_critic, build_critic_optimizer, compute_values, critic_checkpoint_root,
+                                     critic_update, load_critic_checkpoint, save_critic_checkpoint)
 from services.trainer.logprobs import ForwardConfig, ResponseBatch
 from services.trainer.model import ModelLayout, init_parallel
-from services.trainer.update import build_optimizer
 
 WORKER = pathlib.Path(__file__).with_name("critic_parallel_worker.py")
 MT = MegatronTrainingConfig(lr=2e-3, clip_grad=1.0)
@@ -110,7 +109,7 @@ def test_critic_steps_move_values_toward_fixed_returns(hf_dir):
     batch = random_batch(4, prompt_lengths=[3, 4, 2, 5, 3, 2], response_lengths=[4, 3, 5, 2, 3, 4])
     mask = batch.response_mask()
     returns = torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.0]).unsqueeze(1) * mask
-    optimizer, scheduler = build_optimizer(critic, MT, total_steps=12)
+    optimizer, scheduler = build_critic_optimizer(critic, MT, total_steps=12)
     cfg = CriticUpdateConfig(mini_batch_size=3, epochs=2, shuffle_mini_batch=True, cliprange_value=0.2,
                              forward=ForwardConfig(micro_batch_size=2))
 
@@ -160,7 +159,7 @@ def test_critic_checkpoint_round_trip(hf_dir, tmp_path):
 
     def run():
         critic = tp1_critic(hf_dir)
-        optimizer, scheduler = build_optimizer(critic, dataclasses.replace(MT, lr_warmup_fraction=0.5), total_steps=8)
+        optimizer, scheduler = build_critic_optimizer(critic, dataclasses.replace(MT, lr_warmup_fraction=0.5), total_steps=8)
         return critic, optimizer, scheduler
 
     critic, optimizer, scheduler = run()
@@ -185,3 +184,14 @@ def test_critic_update_config_reads_the_ppo_config():
     critic = CriticUpdateConfig.from_config(cfg)
     assert (critic.mini_batch_size, critic.epochs, critic.shuffle_mini_batch) == (32, 2, True)
     assert critic.cliprange_value == 0.5 and critic.clip_grad == 1.0 and critic.forward.micro_batch_size == 2
+
+
+def test_critic_learning_rate_defaults_to_the_actors():
+    from services.common.config import ConfigError, DEFAULT_CONFIG, load_config
+
+    head = torch.nn.Linear(2, 1)
+    mt = MegatronTrainingConfig(lr=1e-6)
+    assert build_critic_optimizer(head, mt, 4)[0].param_groups[0]["lr"] == 1e-6
+    assert build_critic_optimizer(head, dataclasses.replace(mt, critic_lr=1e-5), 4)[0].param_groups[0]["lr"] == 1e-5
+    with pytest.raises(ConfigError, match="megatron_training.critic_lr: 1e-07 is below megatron_training.min_lr 1e-06"):
+        load_config(DEFAULT_CONFIG, ["megatron_training.critic_lr=1e-7", "megatron_training.min_lr=1e-6"])
