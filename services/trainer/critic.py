@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 
 from services.trainer.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from services.trainer.logprobs import ForwardConfig, ModelInputs, ResponseBatch, micro_batches, model_inputs, positions_predicting_responses
+from services.trainer.logprobs import (ForwardConfig, ModelInputs, ResponseBatch, micro_batches, model_inputs,
+                                      positions_predicting_responses)
 from services.trainer.losses import value_loss
 from services.trainer.masked import masked_mean
 from services.trainer.model import ModelLayout, build_model, compute_device
