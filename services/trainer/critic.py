@@ -45,7 +45,7 @@ class ValueHead(torch.nn.Linear):
 
     def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None,
                 runtime_gather_output: bool | None = None) -> tuple[torch.Tensor, None]:
-        # `weight` is the tied embedding GPTModel would pass to an LM head; a value head has its own.
+        # GPTModel passes `weight` only to a tied LM head; build_critic unties, so it is None here.
         return super().forward(hidden_states), None
 
 

@@ -129,6 +129,36 @@ def test_critic_steps_move_values_toward_fixed_returns(hf_dir):
     assert 0 < metrics.vf_clipfrac < 1  # the second epoch's steps move some values past old +- 0.2
 
 
+def test_one_ppo_iteration_raises_the_rewarded_responses(hf_dir):
+    from trainer_helpers import megatron_tp1
+
+    from services.trainer.logprobs import compute_logprobs
+    from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+
+    actor, _ = megatron_tp1(hf_dir)
+    critic = tp1_critic(hf_dir)
+    samples = random_batch(8, prompt_lengths=[3, 4, 2, 5], response_lengths=[4, 3, 5, 3])
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    rl = dataclasses.replace(RLConfig(), use_kl_in_reward=True, kl_penalty="kl", init_kl_coef=0.01)
+    fwd = ForwardConfig(micro_batch_size=2)
+    ref = compute_logprobs(actor, samples, fwd)[0]
+    actor_opt, actor_sched = build_optimizer(actor, MT, total_steps=4)
+    critic_opt, critic_sched = build_critic_optimizer(critic, MT, total_steps=4)
+    mask = samples.response_mask()
+    for step in range(2):
+        old = compute_logprobs(actor, samples, fwd)[0]
+        values = compute_values(critic, samples, fwd)
+        targets = ppo_targets(scores, values, mask, rl, old, ref)
+        update_policy(actor, actor_opt, actor_sched, TrainBatch(samples, targets.advantages, old),
+                      UpdateConfig(mini_batch_size=2, forward=fwd), step)
+        metrics = critic_update(critic, critic_opt, critic_sched, samples, values, targets.returns,
+                                CriticUpdateConfig(mini_batch_size=2, forward=fwd), step)
+        assert metrics.optimizer_steps == 2 and metrics.vf_loss > 0
+    after = compute_logprobs(actor, samples, fwd)[0]
+    gain = ((after - ref) * mask).sum(1) / mask.sum(1)
+    assert gain[scores == 1].min() > gain[scores == 0].max()
+
+
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def test_two_ranks_give_one_rank_values_and_step(hf_dir, tmp_path, tp, pp):
     critic = tp1_critic(hf_dir)
