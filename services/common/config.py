@@ -141,6 +141,7 @@ class MegatronTrainingConfig:
     tensor_model_parallel_size: int = 1  # Megatron tensor parallel size
     pipeline_model_parallel_size: int = 1  # Megatron pipeline parallel size
     lr: float = 1e-6  # peak learning rate (AdamW)
+    critic_lr: float = 0.0  # the PPO critic's peak learning rate; 0: lr
     min_lr: float = 0.0  # learning rate at the end of a decay
     lr_decay_style: str = "constant"  # constant | linear | cosine
     lr_warmup_fraction: float = 0.0  # share of train_iters spent warming up
@@ -443,6 +444,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         _check_positive(errors, path, value)
     for path, value in [
         ("megatron_training.lr", mt.lr),
+        ("megatron_training.critic_lr", mt.critic_lr),
         ("megatron_training.weight_decay", mt.weight_decay),
         ("megatron_training.clip_grad", mt.clip_grad),
         ("rl_config.entropy_coeff", rl.entropy_coeff),
@@ -453,6 +455,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("generate_config.sampling_config.logprobs", smp.logprobs),
     ]:
         _check_positive(errors, path, value, allow_zero=True)
+    if 0 < mt.critic_lr < mt.min_lr:
+        errors.append(f"megatron_training.critic_lr: {mt.critic_lr!r} is below megatron_training.min_lr {mt.min_lr!r}")
     if not 0 < smp.top_p <= 1:
         errors.append(f"generate_config.sampling_config.top_p: must be in (0, 1], got {smp.top_p!r}")
     if not 0 <= smp.min_p <= 1:

@@ -1,8 +1,11 @@
 """Advantage estimators: GRPO's group normalisation and PPO's GAE (formulas of MindSpeed-RL / verl)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from services.trainer.kl import kl_penalty
 from services.trainer.masked import masked_whiten
 
 GROUP_NORM_EPS = 1e-6
@@ -43,3 +46,50 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, response_m
     advantages = torch.stack(reversed_adv[::-1], dim=1)
     returns = advantages + values
     return masked_whiten(advantages, mask) * mask, returns
+
+
+def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor, kl: torch.Tensor | None = None,
+                        kl_coef: float = 0.0) -> torch.Tensor:
+    """PPO's per-token rewards: each sample's score on its last response token, minus kl_coef * kl on every response token.
+
+    scores [B], response_mask [B, L], kl [B, L] a per-token KL estimate of old vs reference policy
+    (None: no KL in the reward) -> [B, L], 0 past each response (verl's apply_kl_penalty).
+    """
+    mask = response_mask.float()
+    if scores.shape != mask.shape[:1]:
+        raise ValueError(f"scores: shape {tuple(scores.shape)} does not match {mask.size(0)} samples")
+    lengths = mask.sum(dim=1).long()
+    if bool((lengths == 0).any()):
+        raise ValueError("response_mask: every sample needs at least one response token to carry its score")
+    rewards = torch.zeros_like(mask)
+    rewards[torch.arange(mask.size(0)), lengths - 1] = scores.float()
+    if kl is not None:
+        rewards = rewards - kl_coef * kl.float() * mask
+    return rewards
+
+
+@dataclass(frozen=True)
+class PPOTargets:
+    """What GAE gives the actor and the critic, all [B, L] over the response tokens."""
+
+    token_rewards: torch.Tensor
+    advantages: torch.Tensor  # whitened, for the policy loss
+    returns: torch.Tensor  # raw advantages + values, the critic's regression target
+    kl: torch.Tensor | None  # the per-token KL in the reward (None without use_kl_in_reward)
+
+
+def ppo_targets(scores: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, rl,
+                old_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None) -> PPOTargets:
+    """Token rewards (with the KL penalty when rl.use_kl_in_reward), then GAE with rl.gamma / rl.lam.
+
+    `rl` is the rl_config section; with use_kl_in_reward the KL is rl.kl_penalty of the rollout
+    policy's log-probs (`old_logprobs`) against the reference's, scaled by rl.init_kl_coef.
+    """
+    kl = None
+    if rl.use_kl_in_reward:
+        if old_logprobs is None or ref_logprobs is None:
+            raise ValueError("rl_config.use_kl_in_reward: needs the old and the reference log-probs")
+        kl = kl_penalty(old_logprobs.float(), ref_logprobs.float(), rl.kl_penalty) * response_mask.float()
+    rewards = token_level_rewards(scores, response_mask, kl, rl.init_kl_coef)
+    advantages, returns = gae_advantages(rewards, values.float(), response_mask, rl.gamma, rl.lam)
+    return PPOTargets(rewards, advantages, returns, kl)

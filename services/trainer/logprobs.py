@@ -109,7 +109,7 @@ def _response_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return token_logp, entropy
 
 
-def _positions_predicting_responses(batch: ResponseBatch, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def positions_predicting_responses(batch: ResponseBatch, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """For each sample (flat start offsets `starts`), the flat positions whose logits predict its response tokens."""
     rows, cols = [], []
     for i, (start, p, r) in enumerate(zip(starts, batch.prompt_lengths.tolist(), batch.response_lengths.tolist())):
@@ -155,7 +155,7 @@ def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInpu
     """From the last stage's logits: (log-probs [b, L], entropy [b, L]) of the responses, 0 past each."""
     device = logits.device
     flat_logits = logits.reshape(-1, logits.size(-1))
-    rows, cols = _positions_predicting_responses(batch, inputs.starts)
+    rows, cols = positions_predicting_responses(batch, inputs.starts)
     rows, cols = rows.to(device), cols.to(device)
     token_logp, entropy = _response_stats(flat_logits[cols], inputs.tokens.reshape(-1)[cols + 1])
     offsets = torch.cat([torch.arange(r) for r in batch.response_lengths.tolist()]).to(device)

@@ -140,13 +140,24 @@ def _finalize_grads(model, params: list[torch.nn.Parameter]) -> None:
         torch.distributed.all_reduce(shared.grad, group=parallel_state.get_embedding_group())
 
 
-def _mini_batch_order(num_samples: int, cfg: UpdateConfig, epoch: int, step: int) -> list[torch.Tensor]:
-    if cfg.shuffle_mini_batch:
-        gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * step + epoch)
+def optimizer_step(model, optimizer, scheduler, params: list[torch.nn.Parameter], clip_grad: float) -> tuple[float, float]:
+    """One step on the accumulated gradients: replica/tied-copy reduction, clipping, AdamW, scheduler; (grad norm, lr used)."""
+    _finalize_grads(model, params)
+    grad_norm = clip_grad_norm(params, clip_grad)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step(1)
+    return grad_norm, lr
+
+
+def mini_batch_order(num_samples: int, mini_batch_size: int, shuffle: bool, seed: int, epoch: int, step: int) -> list[torch.Tensor]:
+    """Sample indexes of each mini-batch of one epoch: in order, or shuffled reproducibly from (seed, step, epoch)."""
+    if shuffle:
+        gen = torch.Generator().manual_seed(seed + 1_000_003 * step + epoch)
         order = torch.randperm(num_samples, generator=gen)
     else:
         order = torch.arange(num_samples)
-    return list(order.split(cfg.mini_batch_size))
+    return list(order.split(mini_batch_size))
 
 
 LOSS_METRICS = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl")
@@ -164,7 +175,7 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
     grad_norm = lr = 0.0
     steps = 0
     for epoch in range(cfg.epochs):
-        for mini in _mini_batch_order(samples.size, cfg, epoch, step):
+        for mini in mini_batch_order(samples.size, cfg.mini_batch_size, cfg.shuffle_mini_batch, cfg.seed, epoch, step):
             optimizer.zero_grad(set_to_none=True)
             mini_tokens = mask[mini].sum()
             indexes = [mini[micro] for micro in micro_batches(samples.select(mini), cfg.forward)]
@@ -185,18 +196,17 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
                 return out.loss * weight
 
             run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
-            _finalize_grads(model, params)
-            grad_norm += clip_grad_norm(params, cfg.clip_grad)
-            lr += optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step(1)
+            step_grad_norm, step_lr = optimizer_step(model, optimizer, scheduler, params, cfg.clip_grad)
+            grad_norm += step_grad_norm
+            lr += step_lr
             steps += 1
-    _broadcast_from_last_stage(loss_totals)
+    broadcast_from_last_stage(loss_totals)
     means = dict(zip(LOSS_METRICS, (loss_totals / steps).tolist()))
     return UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass)
 
 
-def _broadcast_from_last_stage(values: torch.Tensor) -> None:
+def broadcast_from_last_stage(values: torch.Tensor) -> None:
+    """Overwrites `values` (CPU) on every pipeline stage with the last stage's, where the losses are computed."""
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
