@@ -22,7 +22,7 @@ from services.common.preprocess import load_prompts
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
-from services.trainer.iteration_data import RunAccounting, ack_batch, collect_scored_groups, put_prompts
+from services.trainer.iteration_data import RunAccounting, ack_batch, collect_iteration
 from services.trainer.prompt_stream import PromptStream
 from services.trainer.rollout_sync import ReplicaSync
 from services.trainer.run_log import RunLog
@@ -59,7 +59,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
     eval_records = load_prompts(cfg.trainer.eval_data_path) if cfg.trainer.eval_data_path else []
     run_log = RunLog(cfg.trainer.log_dir, rl.use_tensorboard) if leader else None
     sync = ReplicaSync(cfg, ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s) if leader else None, token)
-    gbs, n = mt.global_batch_size, rl.n_samples_per_prompt
+    n = rl.n_samples_per_prompt
     accuracy_before = accuracy_after = None
     accounting = RunAccounting()
     try:
@@ -73,14 +73,10 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
             with session.control.step_lock:
                 t0 = time.perf_counter()
                 session.control.set_state("rollout")
-                batch = None
+                batch, sampling_metrics = None, {}
                 if leader:
-                    groups = dock.begin_iteration(gbs)
-                    put_prompts(dock, groups, stream.take(len(groups)))
-                    accounting.record_put(len(groups), n)
-                    batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s,
-                                                  on_wait=lambda s: sync.push_to_stale(weights, session.version))
-                    accounting.record_trained(batch, n)
+                    batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg,
+                                                                on_wait=lambda s: sync.push_to_stale(weights, session.version))
                 batch = session.broadcast(batch)
                 t_rollout = time.perf_counter()
                 session.control.set_state("train")
@@ -96,6 +92,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 session.step = step
                 session.prompt_cursor = stream.state.cursor
                 metrics.update(batch_metrics(batch, session.version - 1, n))
+                metrics.update(sampling_metrics)
                 metrics.update({
                     "timing/rollout_and_reward_s": t_rollout - t0, "timing/train_s": t_train - t_rollout,
                     "timing/weight_sync_s": t_push - t_train, "timing/iteration_s": t_push - t0,

@@ -51,6 +51,17 @@ class ScoredBatch:
     def empty(cls) -> "ScoredBatch":
         return cls([], [], [], [], [], [])
 
+    def add_groups(self, other: "ScoredBatch", groups: list[int], n: int) -> None:
+        """Appends groups (positions of n-row blocks in `other`) of another batch, claims excluded."""
+        for g in groups:
+            for i in range(g * n, (g + 1) * n):
+                self.indexes.append(other.indexes[i])
+                self.prompts.append(other.prompts[i])
+                self.responses.append(other.responses[i])
+                self.scores.append(other.scores[i])
+                self.rollout_logprobs.append(other.rollout_logprobs[i])
+                self.versions.append(other.versions[i])
+
 
 @dataclass
 class RunAccounting:
@@ -61,25 +72,29 @@ class RunAccounting:
     groups_trained: int = 0
     rows_trained: int = 0
     rows_resumed: int = 0  # trained rows whose group went through more than one rollout round (partial rollout)
+    rows_dropped: int = 0  # rows of groups dynamic sampling dropped (every sample scored the same)
 
     def record_put(self, prompts: int, n: int) -> None:
         self.prompts_put += prompts
         self.rows_put += prompts * n
 
-    def record_trained(self, batch: "ScoredBatch", n: int) -> None:
-        """Counts a batch, refusing one that repeats a row or holds a partial group."""
+    def record_collected(self, batch: "ScoredBatch", n: int) -> None:
+        """Checks a collected batch: no row twice, only whole groups; counts resumed rows."""
         if len(set(batch.indexes)) != len(batch.indexes):
             raise AssertionError(f"a scored batch holds a row twice: {sorted(batch.indexes)}")
         groups = {i // n for i in batch.indexes}
         if len(groups) * n != len(batch.indexes):
             raise AssertionError(f"a scored batch holds an incomplete group: rows {sorted(batch.indexes)}")
-        self.groups_trained += len(groups)
-        self.rows_trained += len(batch.indexes)
         self.rows_resumed += sum(1 for claim in batch.claims for age in claim.ages if age > 0)
 
+    def record_trained(self, rows: int, dropped_rows: int, n: int) -> None:
+        self.rows_trained += rows
+        self.groups_trained += rows // n
+        self.rows_dropped += dropped_rows
+
     def in_flight(self) -> int:
-        """Rows put but not trained yet (still in the dock: rollout, reward or carried over)."""
-        return self.rows_put - self.rows_trained
+        """Rows put but neither trained nor dropped yet (still in the dock: rollout, reward or carried over)."""
+        return self.rows_put - self.rows_trained - self.rows_dropped
 
 
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
@@ -118,6 +133,44 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
             on_wait(waited)
             last_note = time.monotonic()
     return batch
+
+
+def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, on_wait=None) -> tuple[ScoredBatch, dict[str, float]]:
+    """One iteration's training batch: GBS groups in, GBS scored groups out.
+
+    With DAPO's dynamic sampling (rl_config.filter_groups_enable), groups whose samples all scored
+    the same are dropped and more prompts are drawn, up to filter_groups_max_batches rounds.
+    """
+    from services.trainer.dynamic_sampling import DynamicSampler
+
+    rl, gbs = cfg.rl_config, cfg.megatron_training.global_batch_size
+    n = rl.n_samples_per_prompt
+
+    def one_round() -> ScoredBatch:
+        groups = dock.begin_iteration(gbs)
+        put_prompts(dock, groups, stream.take(len(groups)))
+        accounting.record_put(len(groups), n)
+        batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s, on_wait=on_wait)
+        accounting.record_collected(batch, n)
+        return batch
+
+    if not rl.filter_groups_enable:
+        batch = one_round()
+        accounting.record_trained(len(batch), 0, n)
+        return batch, {}
+    import torch
+
+    sampler = DynamicSampler(gbs, n, rl.filter_groups_max_batches)
+    kept = ScoredBatch.empty()
+    while not sampler.done:
+        batch = one_round()
+        ack_batch(dock, batch)
+        picked = sampler.add(torch.tensor(batch.scores))
+        kept.add_groups(batch, picked, n)
+        accounting.record_trained(len(picked) * n, len(batch) - len(picked) * n, n)
+    if not kept.indexes:
+        raise RuntimeError(f"rl_config.filter_groups_max_batches: {sampler.batches_seen} batches gave no group whose scores differ")
+    return kept, {"dynamic_sampling/rounds": sampler.batches_seen, "dynamic_sampling/kept_groups": len(kept) // n}
 
 
 def ack_batch(dock: Dock, batch: ScoredBatch) -> None:

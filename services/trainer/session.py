@@ -13,10 +13,12 @@ from typing import Any
 import torch
 
 from services.common.config import Config
-from services.trainer.advantages import group_norm_advantages
+from services.trainer.advantages import group_norm_advantages, ppo_targets
 from services.trainer.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
 from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
 from services.trainer.control import TrainerControl
+from services.trainer.critic import (CriticUpdateConfig, build_critic, build_critic_optimizer, compute_values, critic_update,
+                                     load_critic_checkpoint, save_critic_checkpoint)
 from services.trainer.iteration_data import ScoredBatch
 from services.trainer.logprobs import ResponseBatch, compute_logprobs
 from services.trainer.masked import masked_mean
@@ -45,6 +47,10 @@ class TrainerSession:
     scheduler: Any
     update_cfg: UpdateConfig
     control: TrainerControl
+    critic: Any = None  # PPO (adv_estimator: gae): model, optimizer, scheduler, update settings
+    critic_optimizer: Any = None
+    critic_scheduler: Any = None
+    critic_cfg: CriticUpdateConfig | None = None
     server: Any = None
     step: int = 0
     version: int = 0
@@ -64,7 +70,7 @@ class TrainerSession:
         model = build_model(layout, dtype)
         load_hf_into_model(model, hf_state, layout)
         ref_model = None
-        if rl.init_kl_coef > 0 and not rl.use_kl_in_reward:
+        if rl.init_kl_coef > 0:
             ref_model = build_model(layout, dtype)
             load_hf_into_model(ref_model, hf_state, layout)
             ref_model.eval()
@@ -75,10 +81,16 @@ class TrainerSession:
         control = TrainerControl(mt.train_iters)
         session = cls(cfg, token, layout, model, ref_model, optimizer, scheduler, update_cfg, control,
                       num_prompts=max(1, len(load_prompts(mt.data_path))))
+        if rl.adv_estimator == "gae":
+            session.critic = build_critic(layout, hf_state, dtype, seed=mt.seed)
+            session.critic_optimizer, session.critic_scheduler = build_critic_optimizer(session.critic, mt, mt.train_iters * steps_per_iter)
+            session.critic_cfg = CriticUpdateConfig.from_config(cfg)
         if resume and mt.save and latest_step(mt.save) is not None:
             state = load_checkpoint(mt.save, model, optimizer, scheduler)
             session.step, session.version = state.step, state.policy_version
             session.prompt_cursor = state.data.epoch * session.num_prompts + state.data.next_prompt_index
+            if session.critic is not None:
+                load_critic_checkpoint(mt.save, session.critic, session.critic_optimizer, session.critic_scheduler, state.step)
         if session.is_leader:
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             _, world = _world()
@@ -107,10 +119,10 @@ class TrainerSession:
         samples = ResponseBatch.from_lists(batch.prompts, batch.responses)
         mask = samples.response_mask()
         scores = torch.tensor(batch.scores, dtype=torch.float32)
-        advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
         metrics: dict[str, float] = {}
         old_logprobs = None
-        if self.cfg.trainer.log_logprob_diff:
+        ppo = self.critic is not None
+        if self.cfg.trainer.log_logprob_diff or ppo:
             self.model.eval()
             with torch.no_grad():
                 old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
@@ -122,9 +134,21 @@ class TrainerSession:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref_logprobs = compute_logprobs(self.ref_model, samples, fwd)[0].float().cpu()
+        if ppo:
+            values = compute_values(self.critic, samples, fwd).float().cpu()
+            targets = ppo_targets(scores, values, mask, rl, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
+            advantages = targets.advantages
+            if rl.use_kl_in_reward:
+                ref_logprobs = None  # the KL is in the reward already, not in the loss
+        else:
+            advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
         out = update_policy(self.model, self.optimizer, self.scheduler,
                             TrainBatch(samples, advantages, old_logprobs, ref_logprobs), self.update_cfg, step)
         metrics.update({f"actor/{k}": v for k, v in out.as_dict().items()})
+        if ppo:
+            critic_out = critic_update(self.critic, self.critic_optimizer, self.critic_scheduler, samples, values, targets.returns,
+                                       self.critic_cfg, step)
+            metrics.update({f"critic/{k}": v for k, v in critic_out.as_dict().items()})
         metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
         return metrics
 
@@ -145,6 +169,8 @@ class TrainerSession:
         root = self.cfg.megatron_training.save
         if not root:
             return None
+        if self.critic is not None:
+            save_critic_checkpoint(root, self.critic, self.critic_optimizer, self.critic_scheduler, self._train_state())
         return save_checkpoint(root, self.model, self.optimizer, self.scheduler, self._train_state())
 
     def close(self) -> None:
