@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+from dataclasses import dataclass
 
 from services.common.config import ArithmeticConfig
 
@@ -18,8 +19,18 @@ def _answer(a: int, op: str, b: int) -> int:
     raise ValueError(f"ops: {op!r} is not one of +, -, *")
 
 
-def arithmetic_problems(spec: ArithmeticConfig) -> tuple[list[dict], list[dict]]:
-    """Every problem of `spec`, split into (train, held-out test) with disjoint operand pairs."""
+@dataclass(frozen=True)
+class ArithmeticSplits:
+    """Disjoint problem sets: RL trains on `train`; the warm start on its first part only."""
+
+    train: list[dict]  # every RL prompt
+    warm_start: list[dict]  # the part of train the warm start sees
+    warm_start_unseen: list[dict]  # the rest of train: held out from the warm start, trained on by RL
+    test: list[dict]  # seen by neither
+
+
+def arithmetic_problems(spec: ArithmeticConfig) -> ArithmeticSplits:
+    """Every problem of `spec`, shuffled with its seed and split as ArithmeticSplits says."""
     problems = [
         {"problem": f"{a}{op}{b}=", "answer": str(_answer(a, op, b))}
         for op in spec.ops
@@ -28,15 +39,18 @@ def arithmetic_problems(spec: ArithmeticConfig) -> tuple[list[dict], list[dict]]
     ]
     random.Random(spec.seed).shuffle(problems)
     n_test = max(1, round(len(problems) * spec.test_fraction))
-    return problems[n_test:], problems[:n_test]
+    test, train = problems[:n_test], problems[n_test:]
+    n_warm = max(1, round(len(train) * spec.warm_start_fraction))
+    return ArithmeticSplits(train, train[:n_warm], train[n_warm:], test)
 
 
-def write_arithmetic_dataset(out_dir: str | pathlib.Path, spec: ArithmeticConfig = ArithmeticConfig()) -> tuple[pathlib.Path, pathlib.Path]:
-    """Writes train.jsonl and test.jsonl under `out_dir`; returns their paths."""
+def write_arithmetic_dataset(out_dir: str | pathlib.Path, spec: ArithmeticConfig = ArithmeticConfig()) -> dict[str, pathlib.Path]:
+    """Writes train.jsonl, warm_start.jsonl, warm_start_unseen.jsonl and test.jsonl under `out_dir`."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train, test = arithmetic_problems(spec)
-    paths = out / "train.jsonl", out / "test.jsonl"
-    for path, rows in zip(paths, (train, test)):
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    splits = arithmetic_problems(spec)
+    paths = {}
+    for name in ("train", "warm_start", "warm_start_unseen", "test"):
+        paths[name] = out / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps(r) + "\n" for r in getattr(splits, name)))
     return paths

@@ -193,7 +193,8 @@ class TrainerServiceConfig:
     bucket_mb: int = 64  # weight-push bucket size in MiB
     push_mode: str = "fanout"  # fanout | chain
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
-    eval_data_path: str = ""  # preprocessed held-out prompts; empty: no evaluation
+    eval_data_path: str = ""  # preprocessed prompts the warm start never saw (RL trains on them); empty: none
+    test_data_path: str = ""  # preprocessed prompts neither the warm start nor RL sees; empty: none
     rollout_timeout_s: float = 600.0  # an iteration fails when no scored group arrives for this long
     log_logprob_diff: bool = True  # forward pass per step for train_rollout_logprob_diff (it also serves as the old log-probs)
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
@@ -250,7 +251,8 @@ class ArithmeticConfig:
     out_dir: str = "runs/data"  # raw train.jsonl / test.jsonl land here
     max_operand: int = 9  # operands in [0, max_operand]
     ops: tuple[str, ...] = ("+",)  # operators: + - *
-    test_fraction: float = 0.2  # share of problems held out for evaluation
+    test_fraction: float = 0.2  # share of problems neither the warm start nor RL sees
+    warm_start_fraction: float = 0.5  # share of the RL prompts the warm start trains on; the rest is its held-out set
     seed: int = 0  # shuffle seed
 
 

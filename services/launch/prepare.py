@@ -30,13 +30,14 @@ def prepare_run(cfg: Config) -> list[str]:
     if cfg.arithmetic is not None and not pathlib.Path(f"{mt.data_path}.jsonl").exists():
         from services.common.arithmetic_data import write_arithmetic_dataset
 
-        train, test = write_arithmetic_dataset(cfg.arithmetic.out_dir, cfg.arithmetic)
+        paths = write_arithmetic_dataset(cfg.arithmetic.out_dir, cfg.arithmetic)
         prompt_type = cfg.init_model.prompt_type if cfg.init_model else "empty"
-        for raw, prefix in ((train, mt.data_path), (test, cfg.trainer.eval_data_path)):
+        targets = {"train": mt.data_path, "warm_start_unseen": cfg.trainer.eval_data_path, "test": cfg.trainer.test_data_path}
+        for name, prefix in targets.items():
             if prefix:
-                preprocess(PreprocessConfig(input=str(raw), tokenizer_name_or_path=mt.tokenizer_name_or_path,
+                preprocess(PreprocessConfig(input=str(paths[name]), tokenizer_name_or_path=mt.tokenizer_name_or_path,
                                             output_prefix=prefix, prompt_type=prompt_type), progress=False)
-        done.append(f"wrote arithmetic data to {mt.data_path} and {cfg.trainer.eval_data_path}")
+        done.append(f"wrote arithmetic data: {', '.join(f'{k} -> {v}' for k, v in targets.items() if v)}")
     marker = model_dir / "warm_start.json"
     if cfg.init_model is not None and cfg.init_model.warm_start_accuracy > 0 and not marker.exists():
         from services.common.arithmetic_data import arithmetic_problems
@@ -44,7 +45,7 @@ def prepare_run(cfg: Config) -> list[str]:
 
         if cfg.arithmetic is None:
             raise ValueError("init_model.warm_start_accuracy: the warm start needs an arithmetic section for its data")
-        train, _ = arithmetic_problems(cfg.arithmetic)
+        train = arithmetic_problems(cfg.arithmetic).warm_start
         start = time.monotonic()
         spec = WarmStartSpec(target_accuracy=cfg.init_model.warm_start_accuracy, max_steps=cfg.init_model.warm_start_max_steps,
                              seed=cfg.init_model.seed)

@@ -46,6 +46,23 @@ def _follow_metrics(path: pathlib.Path, offset: int) -> tuple[list[dict], int]:
         return [json.loads(line) for line in lines if line.strip()], f.tell()
 
 
+def _print_summary(log_dir: pathlib.Path) -> None:
+    """The run's outcome as a person reads it: accuracy before and after, and where the curves are."""
+    path = log_dir / "summary.json"
+    if not path.exists():
+        return
+    summary = json.loads(path.read_text())
+    sizes = summary.get("eval_prompts", {})
+    for key, what in (("accuracy", "prompts the warm start never saw (RL trains on them)"),
+                      ("test_accuracy", "prompts neither the warm start nor RL saw")):
+        before, after = summary.get(f"{key}_before"), summary.get(f"{key}_after")
+        if before is not None and after is not None:
+            print(f"accuracy on {sizes.get(key)} {what}: before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points)")
+    acc = summary.get("accounting", {})
+    print(f"{summary.get('steps')} iterations, {acc.get('rows_trained')} samples trained, {acc.get('rows_dropped')} dropped by "
+          f"dynamic sampling; curves: {log_dir / 'curves.png'}, metrics: {log_dir / 'metrics.jsonl'}")
+
+
 def up(config_path: str | None, overrides: list[str], resume: bool = False, start_timeout_s: float = 600.0) -> int:
     """Runs the config to the end; returns the trainer's exit code (non-zero when any service died)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -98,6 +115,8 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
                 time.sleep(0.5)
         if trainer.returncode != 0:
             log_event(logger, "trainer failed", code=trainer.returncode, log_tail=group.log_tail("trainer", 40))
+        else:
+            _print_summary(log_dir)
         return trainer.returncode
     except _Interrupted:
         log_event(logger, "interrupted: stopping every service")

@@ -30,18 +30,22 @@ from services.trainer.session import TrainerSession
 from services.trainer.step_metrics import batch_metrics
 
 
-def _evaluate(session: TrainerSession, sync: ReplicaSync, eval_records, step: int, run_log: RunLog, logger) -> float | None:
-    """Held-out greedy accuracy through the rollout and reward services (None without eval data)."""
+EVAL_SETS = (("accuracy", "eval_data_path"), ("test_accuracy", "test_data_path"))
+
+
+def _evaluate(session: TrainerSession, sync: ReplicaSync, eval_sets: dict, step: int, run_log: RunLog, logger) -> dict[str, float]:
+    """Greedy accuracy on each evaluation set, through the rollout and reward services."""
     from services.trainer.evaluation import evaluate
 
-    if not eval_records:
-        return None
-    cfg = session.cfg
-    result = evaluate(sync.any_address(), sync.reward_address(), eval_records,
-                      cfg.generate_config.sampling_config.max_tokens, token=session.token)
-    run_log.log(step, {"eval/accuracy": result.accuracy, "eval/response_length": result.mean_response_length})
-    log_event(logger, "evaluation", step=step, accuracy=f"{result.accuracy:.3f}", prompts=result.count)
-    return result.accuracy
+    results = {}
+    for name, records in eval_sets.items():
+        result = evaluate(sync.any_address(), sync.reward_address(), records,
+                          session.cfg.generate_config.sampling_config.max_tokens, token=session.token)
+        results[name] = result.accuracy
+        log_event(logger, "evaluation", step=step, set=name, accuracy=f"{result.accuracy:.3f}", prompts=result.count)
+    if results:
+        run_log.log(step, {f"eval/{k}": v for k, v in results.items()})
+    return results
 
 
 def train(cfg: Config, resume: bool = False, host: str | None = None, port: int | None = None) -> int:
@@ -56,18 +60,18 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         dock.create(DockLayout.from_config(cfg))
     stream = PromptStream(load_prompts(mt.data_path), mt.seed, shuffle=not rl.guarantee_order)
     stream.state.cursor = session.prompt_cursor
-    eval_records = load_prompts(cfg.trainer.eval_data_path) if cfg.trainer.eval_data_path else []
+    eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
     run_log = RunLog(cfg.trainer.log_dir, rl.use_tensorboard) if leader else None
     sync = ReplicaSync(cfg, ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s) if leader else None, token)
     n = rl.n_samples_per_prompt
-    accuracy_before = accuracy_after = None
+    before: dict[str, float] = {}
     accounting = RunAccounting()
     try:
         weights = session.gather_weights()
         if leader:
             sync.wait_for_replicas(timeout_s=600.0)
             sync.push_to_stale(weights, session.version)
-            accuracy_before = _evaluate(session, sync, eval_records, session.step, run_log, logger)
+            before = _evaluate(session, sync, eval_sets, session.step, run_log, logger)
         for step in range(session.step + 1, mt.train_iters + 1):
             session.control.wait_while_paused()
             with session.control.step_lock:
@@ -75,6 +79,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 session.control.set_state("rollout")
                 batch, sampling_metrics = None, {}
                 if leader:
+                    sync.push_to_stale(weights, session.version)  # replicas that joined since the last push
                     batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg,
                                                                 on_wait=lambda s: sync.push_to_stale(weights, session.version))
                 batch = session.broadcast(batch)
@@ -107,17 +112,16 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 if mt.save_interval and step % mt.save_interval == 0:
                     session.save_checkpoint()
                 if leader and cfg.trainer.eval_interval and step % cfg.trainer.eval_interval == 0 and step < mt.train_iters:
-                    _evaluate(session, sync, eval_records, step, run_log, logger)
+                    _evaluate(session, sync, eval_sets, step, run_log, logger)
         session.save_checkpoint()
         if leader:
-            accuracy_after = _evaluate(session, sync, eval_records, session.step, run_log, logger)
+            after = _evaluate(session, sync, eval_sets, session.step, run_log, logger)
             run_log.plot()
-            summary = {"accuracy_before": accuracy_before, "accuracy_after": accuracy_after, "steps": session.step,
+            summary = {"steps": session.step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
+                       "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
+                       "eval_prompts": {k: len(v) for k, v in eval_sets.items()},
                        "accounting": accounting.__dict__, "dock": dock.stats().__dict__}
             (run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-            if accuracy_before is not None:
-                print(f"held-out accuracy: before {accuracy_before:.1%} -> after {accuracy_after:.1%} "
-                      f"({(accuracy_after - accuracy_before) * 100:+.1f} points) over {len(eval_records)} prompts", flush=True)
         session.control.set_state("done")
         return 0
     except Exception:

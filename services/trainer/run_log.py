@@ -5,7 +5,8 @@ import json
 import math
 import pathlib
 
-CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "held-out accuracy"))
+CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, unseen by the warm start"),
+          ("eval/test_accuracy", "accuracy, unseen by warm start and RL"))
 
 
 class RunLog:

@@ -9,16 +9,17 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 
 def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
-    iters = 24
-    metrics, summary, log_dir = run_up("rollout.replicas=2", f"megatron_training.train_iters={iters}")
+    iters = 48
+    metrics, summary, log_dir = run_up("rollout.replicas=2", f"megatron_training.train_iters={iters}", "trainer.eval_interval=0")
     records = steps(metrics)
     assert [r["step"] for r in records] == list(range(1, iters + 1))
     cfg = resolved_config(log_dir)
     gbs, n = cfg["megatron_training"]["global_batch_size"], cfg["rl_config"]["n_samples_per_prompt"]
 
     rewards = [r["reward/mean"] for r in records]
-    third = iters // 3
-    assert statistics.fmean(rewards[-third:]) > statistics.fmean(rewards[:third]), rewards
+    # 128 samples a step: a quarter of the run averages out the sampling noise (about 0.03 std).
+    quarter = iters // 4
+    assert statistics.fmean(rewards[-quarter:]) > statistics.fmean(rewards[:quarter]), rewards
 
     # Every sample put was trained exactly once: nothing lost, nothing twice, nothing left over.
     acc = summary["accounting"]
@@ -38,7 +39,7 @@ def test_partial_rollout_resumes_truncated_samples(run_up):
     # A 4-token budget per round: every ~10-token response needs several rounds to finish.
     iters = 4
     metrics, summary, log_dir = run_up("rl_config.partial_rollout_max_split=4", f"megatron_training.train_iters={iters}",
-                                       "trainer.eval_data_path=")
+                                       "trainer.eval_data_path=", "trainer.test_data_path=")
     records = steps(metrics)
     assert len(records) == iters
     cfg = resolved_config(log_dir)

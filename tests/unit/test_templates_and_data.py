@@ -30,16 +30,18 @@ def test_unknown_prompt_type_is_named():
 
 def test_arithmetic_split_is_disjoint_and_deterministic():
     spec = ArithmeticConfig(max_operand=9, ops=("+", "-"), seed=3)
-    train, test = arithmetic_problems(spec)
+    splits = arithmetic_problems(spec)
+    train, test = splits.train, splits.test
     assert len(train) + len(test) == 200
     assert not {p["problem"] for p in train} & {p["problem"] for p in test}
-    assert arithmetic_problems(spec) == (train, test)
+    assert splits.warm_start + splits.warm_start_unseen == train and len(splits.warm_start) == 80
+    assert arithmetic_problems(spec) == splits
     assert all(str(eval(p["problem"][:-1])) == p["answer"] for p in train + test)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_preprocess_tokenizes_and_filters(tmp_path, tiny_model_dir, workers):
-    train, _ = write_arithmetic_dataset(tmp_path / "raw", ArithmeticConfig(max_operand=4))
+    train = write_arithmetic_dataset(tmp_path / "raw", ArithmeticConfig(max_operand=4))["train"]
     cfg = PreprocessConfig(input=str(train), tokenizer_name_or_path=str(tiny_model_dir), output_prefix=str(tmp_path / "out/train"),
                            prompt_type="qwen", workers=workers, seq_length=0)
     kept = preprocess(cfg, progress=False)
