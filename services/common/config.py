@@ -561,7 +561,8 @@ def _apply_override(data: dict, override: str) -> None:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError([f"{key}: {part} is not a section"])
-    node[parts[-1]] = yaml.safe_load(raw)
+    # `key=` means the empty string (YAML would read it as null).
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
 
 
 def parse_dataclass(cls: type, data: dict, path: str = ""):

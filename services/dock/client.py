@@ -277,6 +277,15 @@ class Dock:
         self._check_name(consumer, "consumer")
         return bool(self._run("all_consumed", consumer))
 
+    def set_policy_version(self, version: int) -> None:
+        """Records the policy version the trainer is collecting samples for (the trainer, each iteration)."""
+        self._call(self.client.hset, self.keys.meta, "policy_version", int(version))
+
+    def policy_version(self) -> int:
+        """The version set by set_policy_version (0 before the first); rollout replicas behind it wait for weights."""
+        value = self._call(self.client.hget, self.keys.meta, "policy_version")
+        return int(value) if value is not None else 0
+
     def rollout_done(self) -> bool:
         """True once the iteration's target of complete groups exists and (require_max_age_all_finished) no group at max age is unfinished."""
         layout = self.layout

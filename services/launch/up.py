@@ -99,7 +99,9 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
         metrics_path, offset = log_dir / "metrics.jsonl", 0
         if metrics_path.exists() and not resume:
             metrics_path.unlink()
-        columns = (TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+        rl = cfg.rl_config
+        algorithm = "PPO" if rl.adv_estimator == "gae" else "DAPO" if rl.filter_groups_enable or rl.clip_higher_enable else "GRPO"
+        columns = (TextColumn(f"[bold]{algorithm}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
         with Progress(*columns) as progress:
             task = progress.add_task("train", total=cfg.megatron_training.train_iters, info="starting")
             while trainer.poll() is None:

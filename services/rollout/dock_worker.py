@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,6 +108,11 @@ class DockWorker:
 
     def _claim(self):
         layout = self.dock.layout
+        # Behind the trainer's version (joined late, or a push is on its way): samples would be
+        # off-policy, so wait for the weights; the trainer pushes to replicas that lag.
+        if self.engine.version < self.dock.policy_version() - self.cfg.rl_config.max_staleness:
+            time.sleep(CLAIM_WAIT_S)
+            return None
         return self.dock.claim(
             layout.rollout_consumer, ["prompts"], group=not layout.partial_rollout,
             partial_columns=PARTIAL_COLUMNS if layout.partial_rollout else (), timeout_s=CLAIM_WAIT_S,

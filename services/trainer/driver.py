@@ -79,6 +79,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 session.control.set_state("rollout")
                 batch, sampling_metrics = None, {}
                 if leader:
+                    dock.set_policy_version(session.version)
                     sync.push_to_stale(weights, session.version)  # replicas that joined since the last push
                     batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg,
                                                                 on_wait=lambda s: sync.push_to_stale(weights, session.version))

@@ -28,6 +28,9 @@ class ReplicaSync:
         self._registry = registry
         self._token = token
         self._dtype = ROLLOUT_DTYPES[cfg.generate_config.dtype]
+        # replica id -> version last pushed to it: the registry learns a new version only at the
+        # replica's next heartbeat, and one push of a version is enough.
+        self._pushed: dict[str, int] = {}
 
     def live_addresses(self) -> list[str]:
         """gRPC addresses of the live rollout replicas, sorted by replica id."""
@@ -52,17 +55,24 @@ class ReplicaSync:
             log_event(logger, "replica missed the push", level=logging.WARNING, detail=failure)
         return result
 
+    def _push_to(self, weights: dict[str, torch.Tensor], replicas: list, version: int) -> PushResult:
+        result = self._push(weights, [r.address for r in replicas], version)
+        failed = {f.split(": ", 1)[0] for f in result.failed}
+        self._pushed.update({r.replica_id: version for r in replicas if r.address not in failed})
+        return result
+
     def push_all(self, weights: dict[str, torch.Tensor], version: int) -> PushResult:
         """Pushes `version` to every live replica; raises when none took it."""
-        result = self._push(weights, self.wait_for_replicas(timeout_s=60.0), version)
+        self.wait_for_replicas(timeout_s=60.0)
+        result = self._push_to(weights, self._registry.live("rollout"), version)
         if result.replicas_updated == 0:
             raise Unavailable(f"weight push of version {version} reached no replica: {list(result.failed)}")
         return result
 
     def push_to_stale(self, weights: dict[str, torch.Tensor], version: int) -> PushResult | None:
         """Pushes `version` to the live replicas that serve another one (joined late, or missed a push)."""
-        stale = [r.address for r in self._registry.live("rollout") if r.version != version]
-        return self._push(weights, stale, version) if stale else None
+        stale = [r for r in self._registry.live("rollout") if r.version != version and self._pushed.get(r.replica_id) != version]
+        return self._push_to(weights, stale, version) if stale else None
 
     def any_address(self) -> str:
         """One live rollout replica (the first by id), for evaluation calls."""

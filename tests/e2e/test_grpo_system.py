@@ -52,3 +52,32 @@ def test_partial_rollout_resumes_truncated_samples(run_up):
     assert 0 <= carried <= gbs * n and carried % n == 0
     assert all(r["response_length/mean"] > 4 for r in records)  # longer than one round's budget: resumed and completed
     assert max(r["train_rollout_logprob_diff"] for r in records) < 1e-3
+
+
+def test_dapo_runs_end_to_end_with_dynamic_sampling(run_up):
+    iters = 4
+    metrics, summary, log_dir = run_up(
+        f"megatron_training.train_iters={iters}", "trainer.eval_data_path=", "trainer.test_data_path=",
+        "rl_config.clip_higher_enable=true", "rl_config.clip_ratio_high=0.28", "rl_config.token_level_loss=true",
+        "rl_config.filter_groups_enable=true", "rl_config.filter_groups_max_batches=3",
+        "rl_config.overlong_buffer_enable=true", "rl_config.overlong_buffer=4")
+    records = steps(metrics)
+    assert len(records) == iters
+    # Dynamic sampling trains only groups whose scores differ, and counts the dropped ones.
+    assert all(r["groups/flat_fraction"] == 0 for r in records)
+    acc = summary["accounting"]
+    assert acc["rows_trained"] + acc["rows_dropped"] == acc["rows_put"]
+    assert all(r["dynamic_sampling/rounds"] >= 1 for r in records)
+
+
+def test_ppo_runs_end_to_end_with_a_critic(run_up):
+    iters = 3
+    metrics, summary, log_dir = run_up(
+        f"megatron_training.train_iters={iters}", "trainer.eval_data_path=", "trainer.test_data_path=",
+        "rl_config.adv_estimator=gae", "rl_config.use_kl_in_reward=true", "rl_config.init_kl_coef=0.01",
+        "rl_config.mini_batch_size=64", "rl_config.epochs=2")
+    records = steps(metrics)
+    assert len(records) == iters
+    assert all(r["critic/optimizer_steps"] == 4 and r["actor/optimizer_steps"] == 4 for r in records)
+    assert all(r["critic/vf_loss"] > 0 for r in records)
+    assert (log_dir / "summary.json").exists() and summary["accounting"]["rows_trained"] == summary["accounting"]["rows_put"]

@@ -91,8 +91,8 @@ def test_all_errors_reported_at_once():
 
 
 def test_overrides_and_file_errors(tmp_path):
-    cfg = load_config(None, ["rollout.grpc_port=50099", "rl_config.entropy_coeff=0.01"])
-    assert cfg.rollout.grpc_port == 50099 and cfg.rl_config.entropy_coeff == 0.01
+    cfg = load_config(None, ["rollout.grpc_port=50099", "rl_config.entropy_coeff=0.01", "trainer.eval_data_path="])
+    assert cfg.rollout.grpc_port == 50099 and cfg.rl_config.entropy_coeff == 0.01 and cfg.trainer.eval_data_path == ""
     with pytest.raises(ConfigError, match="expected section.key=value"):
         load_config(None, ["rollout.grpc_port"])
     with pytest.raises(ConfigError, match="no such config file"):
