@@ -12,7 +12,10 @@ import importlib
 import sys
 
 # subcommand -> (module with add_arguments/run, one-line help)
-SERVICE_COMMANDS: dict[str, tuple[str, str]] = {}
+SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
+    "trainer": ("services.trainer.cli", "the Megatron trainer: run the RL loop, convert checkpoints"),
+    "dock": ("services.dock.cli", "look at or empty a run's data dock"),
+}
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -139,11 +142,17 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full `dockrl` argument parser."""
+    from services.launch.cli import COMMANDS as LAUNCH_COMMANDS
+
     parser = argparse.ArgumentParser(
         prog="dockrl",
         description="RL post-training of LLMs as services: vLLM rollout, rule reward, Megatron trainer, Redis data dock.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add, run, help_text) in LAUNCH_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add(p)
+        p.set_defaults(func=run)
     for name, (module, help_text) in SERVICE_COMMANDS.items():
         cli = importlib.import_module(module)
         p = sub.add_parser(name, help=help_text, description=(cli.__doc__ or help_text).strip())

@@ -171,11 +171,16 @@ class RolloutServiceConfig:
 
 @dataclass(frozen=True)
 class RewardServiceConfig:
-    """Where reward replicas listen."""
+    """Where reward replicas listen and what one Score request may hold."""
 
     host: str = "127.0.0.1"  # bind address
     grpc_port: int = 50061  # gRPC port
     replicas: int = 1  # replicas `dockrl up` starts
+    max_items: int = 4096  # items per Score request; more is INVALID_ARGUMENT
+    max_response_chars: int = 1_000_000  # characters per response; longer is INVALID_ARGUMENT
+    max_request_mb: int = 64  # gRPC receive limit for one Score request
+    server_threads: int = 8  # concurrent Score calls; they share the verifier pool
+    metrics_port: int = 0  # Prometheus /metrics (HTTP) on this port; 0: not served
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,8 @@ class TrainerServiceConfig:
     push_mode: str = "fanout"  # fanout | chain
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
     eval_data_path: str = ""  # preprocessed held-out prompts; empty: no evaluation
+    rollout_timeout_s: float = 600.0  # an iteration fails when no scored group arrives for this long
+    log_logprob_diff: bool = True  # forward pass per step for train_rollout_logprob_diff (it also serves as the old log-probs)
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
 
 
@@ -424,6 +431,10 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("rollout.replicas", cfg.rollout.replicas),
         ("rollout.max_queue", cfg.rollout.max_queue),
         ("reward.replicas", cfg.reward.replicas),
+        ("reward.max_items", cfg.reward.max_items),
+        ("reward.max_response_chars", cfg.reward.max_response_chars),
+        ("reward.max_request_mb", cfg.reward.max_request_mb),
+        ("reward.server_threads", cfg.reward.server_threads),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
         ("dock.socket_timeout_s", cfg.dock.socket_timeout_s),
@@ -438,6 +449,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("rl_config.init_kl_coef", rl.init_kl_coef),
         ("rl_config.overlong_buffer", rl.overlong_buffer),
         ("rl_config.max_staleness", rl.max_staleness),
+        ("reward.metrics_port", cfg.reward.metrics_port),
         ("generate_config.sampling_config.temperature", smp.temperature),
         ("generate_config.sampling_config.logprobs", smp.logprobs),
     ]:

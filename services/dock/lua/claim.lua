@@ -2,7 +2,7 @@
 -- stop_at_target, max_age, whole_groups, ncols, columns...
 -- Picks up to `count` rows whose columns are final and that `consumer` has not claimed, leases
 -- them until now + lease_ms, and returns {deadline, nrows, rows[nrows], ages[nrows]}; the client
--- then reads the values (val:{column}:{row}), which no put changes while the lease holds.
+-- then reads the values (val:{column}:{row}); the claimed columns are final, nobody rewrites them.
 -- ordered: the next rows of [lo, hi) in index order, or nothing while those are not ready.
 -- otherwise: groups oldest first (age desc), then by group id. After the iteration's target of
 -- complete groups is reached (stop_at_target), only groups of age >= max_age stay claimable.

@@ -1,0 +1,105 @@
+"""Samples/s of the reward gRPC service against calling the verifiers in-process, on the same inputs.
+
+The service path is the real one: a client on loopback, Reward.Score in batches of `--batch`
+with `--concurrency` requests in flight, the server's process pool (`--parallel` workers, a
+deadline per verifier). The in-process path calls the same
+verifiers in one thread with no isolation and no deadline. Each is timed `--repeats` times; the
+medians and their ratio (service / in-process) are printed, and both paths' scores must agree.
+
+    python bench/bench_reward.py --quick
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from services.common.config import config_from_dict  # noqa: E402
+from services.reward.client import RewardClient  # noqa: E402
+from services.reward.pool import InProcessRunner, VerifierPool  # noqa: E402
+from services.reward.scoring import ScoreInput, ScoringPlan, score_samples  # noqa: E402
+from services.reward.server import start_server  # noqa: E402
+
+VERIFIERS = ("acc", "strict_format", "math_17k_acc", "acc_for_dapo")
+
+
+def make_inputs(count: int, seed: int) -> list[ScoreInput]:
+    """Responses of the shapes training sees: right, wrong, unboxed, Minerva, fractions, long reasoning."""
+    rng = random.Random(seed)
+    inputs = []
+    for _ in range(count):
+        a, b = rng.randint(1, 99), rng.randint(1, 99)
+        answer = a + b
+        reasoning = " ".join(f"step {k}: {a}+{k}={a + k}." for k in range(rng.randint(5, 60)))
+        shape = rng.randrange(5)
+        if shape == 0:
+            text = f"<think>{reasoning}</think><answer>The sum is \\boxed{{{answer}}}</answer>"
+        elif shape == 1:
+            text = f"<think>{reasoning}</think><answer>\\boxed{{{answer + rng.randint(1, 5)}}}</answer>"
+        elif shape == 2:
+            text = f"{reasoning} So the answer is {answer}."
+        elif shape == 3:
+            text = f"{reasoning}\nAnswer: {answer}"
+        else:
+            text = f"{reasoning} \\boxed{{\\frac{{{answer * 2}}}{{2}}}}"
+        inputs.append(ScoreInput(text, str(answer), response_length=len(text) // 4))
+    return inputs
+
+
+def time_it(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="256 samples, 3 repeats (default 2048 samples, 5 repeats)")
+    parser.add_argument("--samples", type=int, help="samples per repetition")
+    parser.add_argument("--repeats", type=int, help="timed repetitions per path")
+    parser.add_argument("--batch", type=int, default=64, help="items per Score request (default 64)")
+    parser.add_argument("--parallel", type=int, default=2, help="verifier worker processes (default 2)")
+    parser.add_argument("--concurrency", type=int, default=2, help="Score requests in flight at once (default 2)")
+    args = parser.parse_args()
+    samples = args.samples or (256 if args.quick else 2048)
+    repeats = args.repeats or (3 if args.quick else 5)
+
+    cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "verifier_function": list(VERIFIERS),
+                                          "verifier_weight": [1.0] * len(VERIFIERS),
+                                          "verifier_parallel": args.parallel, "verifier_timeout": 10}})
+    plan = ScoringPlan.from_rl_config(cfg.rl_config)
+    inputs = make_inputs(samples, seed=0)
+    batches = [inputs[i:i + args.batch] for i in range(0, len(inputs), args.batch)]
+
+    in_process = InProcessRunner()
+    reference = score_samples(inputs, plan, in_process)  # also warms the parsers
+    local_times, service_times = [], []
+    with VerifierPool(args.parallel, cfg.rl_config.verifier_timeout) as pool:
+        server = start_server(cfg, pool, "127.0.0.1", 0)
+        with RewardClient(f"127.0.0.1:{server.port}") as client, ThreadPoolExecutor(args.concurrency) as requests:
+            served = [r for batch in batches for r in client.score(batch)]
+            # alternate the two paths so both see the same load on a shared machine
+            for _ in range(repeats):
+                local_times.append(time_it(lambda: score_samples(inputs, plan, in_process)))
+                service_times.append(time_it(lambda: list(requests.map(client.score, batches))))
+        server.stop()
+
+    mismatched = sum(abs(a.total - b.total) > 1e-6 for a, b in zip(reference, served))
+    local_rate = samples / statistics.median(local_times)
+    service_rate = samples / statistics.median(service_times)
+    print(f"reward bench: {samples} samples x {len(VERIFIERS)} verifiers ({', '.join(VERIFIERS)}), "
+          f"{repeats} repeats, batch {args.batch}, {args.concurrency} requests in flight, {args.parallel} workers")
+    print(f"  in-process verifiers : {local_rate:9.1f} samples/s  (median {statistics.median(local_times):.3f} s)")
+    print(f"  gRPC service         : {service_rate:9.1f} samples/s  (median {statistics.median(service_times):.3f} s)")
+    print(f"  ratio service / in-process: {service_rate / local_rate:.2f}x   score mismatches: {mismatched}")
+    return 1 if mismatched else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""`python -m services.launch`: up, prepare, health."""
+import sys
+
+from services.launch.cli import main
+
+sys.exit(main())

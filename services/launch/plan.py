@@ -1,0 +1,53 @@
+"""Which processes `dockrl up` starts for a config, with their ports, threads and logs."""
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+
+import yaml
+
+from services.common.config import Config, config_to_dict
+from services.launch.process_group import ProcessSpec
+
+
+def _cpu_binds(count: int) -> list[str]:
+    """One core (or core range) per engine process, so replicas don't fight over threads."""
+    cores = sorted(os.sched_getaffinity(0))
+    if count <= 0:
+        return []
+    share = max(1, len(cores) // count)
+    return [",".join(map(str, cores[(i * share) % len(cores):][:share])) for i in range(count)]
+
+
+def write_resolved_config(cfg: Config, redis_url: str, path: pathlib.Path) -> pathlib.Path:
+    """Writes `cfg` with the dock's URL filled in; every child process loads this file."""
+    data = config_to_dict(cfg)
+    data["dock"]["redis_url"] = redis_url
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str) -> list[ProcessSpec]:
+    """Rollout replicas, reward replicas and the trainer, in start order."""
+    python = sys.executable
+    conf = ["--config", str(config_path)]
+    specs = []
+    binds = _cpu_binds(cfg.rollout.replicas)
+    for i in range(cfg.rollout.replicas):
+        env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.generate_config.cpu_kvcache_space_gb)}
+        if cfg.rollout.omp_threads_bind == "auto":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = binds[i]
+        else:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.rollout.omp_threads_bind
+        specs.append(ProcessSpec(f"rollout-{i}", (
+            python, "-m", "services.rollout", "serve", *conf, "--model", cfg.megatron_training.load,
+            "--grpc-port", str(cfg.rollout.grpc_port + i), "--http-port", str(cfg.rollout.http_port + i), "--dock", redis_url,
+        ), env))
+    for i in range(cfg.reward.replicas):
+        specs.append(ProcessSpec(f"reward-{i}", (
+            python, "-m", "services.reward", "serve", *conf, "--port", str(cfg.reward.grpc_port + i), "--dock", redis_url,
+        )))
+    specs.append(ProcessSpec("trainer", (python, "-m", "services.trainer", "train", *conf, "--port", str(cfg.trainer.grpc_port))))
+    return specs

@@ -1,0 +1,107 @@
+"""`dockrl up`: the whole system on one machine, as separate processes on loopback.
+
+1. prepare what the config needs (tiny model, data, warm start)
+2. start redis-server when `dock.redis_url` is empty
+3. start rollout replicas and reward replicas, wait until each answers health checks
+4. start the trainer and show one progress bar fed by its metrics log
+5. on Ctrl-C, a failed service or the trainer's end: stop every process (no orphans)
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import time
+
+from services.common.config import load_config
+from services.common.log import log_event, setup_logging
+from services.launch.health_probe import wait_serving
+from services.launch.plan import plan_processes, write_resolved_config
+from services.launch.prepare import prepare_run
+from services.launch.process_group import ProcessGroup
+from services.launch.redis_local import start_local_redis
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupt(signum, frame):
+    raise _Interrupted()
+
+
+def _health_address(spec_name: str, argv: tuple[str, ...]) -> str | None:
+    for flag in ("--grpc-port", "--port"):
+        if flag in argv:
+            return f"127.0.0.1:{argv[argv.index(flag) + 1]}"
+    return None
+
+
+def _follow_metrics(path: pathlib.Path, offset: int) -> tuple[list[dict], int]:
+    if not path.exists():
+        return [], offset
+    with path.open() as f:
+        f.seek(offset)
+        lines = f.readlines()
+        return [json.loads(line) for line in lines if line.strip()], f.tell()
+
+
+def up(config_path: str | None, overrides: list[str], resume: bool = False, start_timeout_s: float = 600.0) -> int:
+    """Runs the config to the end; returns the trainer's exit code (non-zero when any service died)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    logger = setup_logging("up")
+    cfg = load_config(config_path, overrides)
+    log_dir = pathlib.Path(cfg.trainer.log_dir)
+    for line in prepare_run(cfg):
+        log_event(logger, line)
+    previous = signal.signal(signal.SIGINT, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    group = ProcessGroup(log_dir / "services")
+    try:
+        redis_url = cfg.dock.redis_url or start_local_redis(group, log_dir / "redis", cfg.dock.durability)
+        resolved = write_resolved_config(cfg, redis_url, log_dir / "config.yaml")
+        specs = plan_processes(cfg, resolved, redis_url)
+        trainer_spec = specs[-1]
+        if resume:
+            trainer_spec = type(trainer_spec)(trainer_spec.name, (*trainer_spec.argv, "--resume"), trainer_spec.env)
+        for spec in specs[:-1]:
+            group.start(spec)
+            log_event(logger, "started", service=spec.name, log=str(group.log_dir / f"{spec.name}.log"))
+        for spec in specs[:-1]:
+            address = _health_address(spec.name, spec.argv)
+            deadline = time.monotonic() + start_timeout_s
+            while not wait_serving(address, timeout_s=5.0):
+                failed = group.first_exit()
+                if failed or time.monotonic() > deadline:
+                    name = failed[0].name if failed else spec.name
+                    log_event(logger, "service failed to start", service=name, log_tail=group.log_tail(name))
+                    return 1
+            log_event(logger, "serving", service=spec.name, address=address)
+        trainer = group.start(trainer_spec)
+        metrics_path, offset = log_dir / "metrics.jsonl", 0
+        if metrics_path.exists() and not resume:
+            metrics_path.unlink()
+        columns = (TextColumn("[bold]GRPO"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+        with Progress(*columns) as progress:
+            task = progress.add_task("train", total=cfg.megatron_training.train_iters, info="starting")
+            while trainer.poll() is None:
+                failed = group.first_exit()
+                if failed and failed[0].name != "trainer":
+                    log_event(logger, "service died", service=failed[0].name, code=failed[1], log_tail=group.log_tail(failed[0].name))
+                    return 1
+                records, offset = _follow_metrics(metrics_path, offset)
+                for r in records:
+                    info = " ".join(f"{k.split('/')[-1]}={r[k]:.3g}" for k in ("reward/mean", "eval/accuracy", "timing/iteration_s")
+                                    if r.get(k) is not None)
+                    progress.update(task, completed=r["step"], info=info)
+                time.sleep(0.5)
+        if trainer.returncode != 0:
+            log_event(logger, "trainer failed", code=trainer.returncode, log_tail=group.log_tail("trainer", 40))
+        return trainer.returncode
+    except _Interrupted:
+        log_event(logger, "interrupted: stopping every service")
+        return 130
+    finally:
+        group.stop()
+        signal.signal(signal.SIGINT, previous)

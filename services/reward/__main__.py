@@ -1,0 +1,10 @@
+"""`python -m services.reward`: the reward service's command line (same as `dockrl reward`)."""
+import argparse
+import sys
+
+from services.reward.cli import add_arguments, run
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="dockrl reward", description="The rule-reward service.")
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))

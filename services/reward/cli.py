@@ -1,0 +1,123 @@
+"""`dockrl reward serve` (gRPC server, optionally the dock worker) and `dockrl reward score` (try a rule)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `serve` and `score` sub-commands and their flags."""
+    sub = parser.add_subparsers(dest="reward_command", required=True, metavar="{serve,score}")
+    serve = sub.add_parser("serve", help="run the reward gRPC server (and, with --dock, the dock worker)",
+                           description="Serve Reward.Score / ListVerifiers and grpc.health.v1; verifications run in a "
+                                       "process pool of rl_config.verifier_parallel workers, each bounded by "
+                                       "rl_config.verifier_timeout.")
+    serve.add_argument("--config", help="run config YAML (default: configs/tiny_cpu.yaml)")
+    serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config key, e.g. --set rl_config.verifier_timeout=5 (repeatable)")
+    serve.add_argument("--host", help="address to listen on (default: reward.host)")
+    serve.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default: reward.grpc_port)")
+    serve.add_argument("--dock", action="store_true",
+                       help="also score the dock's completed response groups and put rm_scores back")
+
+    score = sub.add_parser("score", help="score one response against a label and print each verifier's part",
+                           description="Score one response the way training would: same verifiers, weights, "
+                                       "timeout and overlong penalty as the config, or the ones given here.")
+    score.add_argument("--label", required=True, help="the reference answer, e.g. 34 or '\\frac{1}{2}'")
+    score.add_argument("--response", required=True, help="the response text; '-' reads it from stdin")
+    score.add_argument("--verifier", action="append", default=[], metavar="NAME",
+                       help="a verifier to apply (repeatable; default: rl_config.verifier_function); "
+                            "names: format, strict_format, base_acc, acc, math_17k_acc, math_verify, acc_for_dapo, step")
+    score.add_argument("--weight", action="append", type=float, default=[], metavar="W",
+                       help="weight of the matching --verifier (repeatable; default 1.0 each)")
+    score.add_argument("--response-length", type=int, default=0,
+                       help="response length in tokens, for the overlong penalty (default 0: no penalty)")
+    score.add_argument("--config", help="run config YAML for the defaults (default: configs/tiny_cpu.yaml)")
+    score.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override one config key, e.g. --set rl_config.overlong_buffer_enable=true (repeatable)")
+    score.add_argument("--server", metavar="HOST:PORT", help="score through a running reward server instead of locally")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the chosen sub-command; 2 on a bad config or argument."""
+    from services.common.config import ConfigError, load_config
+    from services.common.errors import DockrlError
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.reward_command == "serve":
+            return _serve(cfg, args)
+        return _score(cfg, args)
+    except (ConfigError, DockrlError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(cfg, args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from services.common.log import log_event, setup_logging
+    from services.reward.pool import VerifierPool
+    from services.reward.server import start_server
+    from services.reward.worker import RewardWorker
+
+    logger = setup_logging("reward")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool:
+        worker = RewardWorker.from_config(cfg, pool) if args.dock else None  # a bad dock config fails before serving
+        host = args.host or cfg.reward.host
+        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
+        print(f"reward server listening on {host}:{server.port}", flush=True)
+        if cfg.reward.metrics_port:
+            import prometheus_client
+
+            from services.common.metrics import REGISTRY
+
+            prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
+        worker_thread = None
+        if worker is not None:
+            worker_thread = threading.Thread(target=worker.run_until, args=(stop, f"{host}:{server.port}"),
+                                             name="reward-dock-worker", daemon=True)
+            worker_thread.start()
+        stop.wait()
+        log_event(logger, "reward server stopping")
+        server.stop()
+        if worker_thread is not None:
+            worker_thread.join(30)
+    return 0
+
+
+def _score(cfg, args: argparse.Namespace) -> int:
+    from services.reward.math_answer import extract_answer, minerva_answer
+    from services.reward.pool import VerifierPool
+    from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+
+    response = sys.stdin.read() if args.response == "-" else args.response
+    verifiers = args.verifier or list(cfg.rl_config.verifier_function)
+    weights = args.weight or ([1.0] * len(verifiers) if args.verifier else list(cfg.rl_config.verifier_weight))
+    sample = ScoreInput(response, args.label, args.response_length)
+    if args.server:
+        import grpc
+
+        from services.reward.client import RewardClient
+
+        with RewardClient(args.server) as client:
+            try:
+                (result,) = client.score([sample], verifiers, weights)
+            except grpc.RpcError as exc:
+                print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+                return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+    else:
+        plan = ScoringPlan.create(verifiers, weights, ScoringPlan.from_rl_config(cfg.rl_config).overlong)
+        with VerifierPool(1, cfg.rl_config.verifier_timeout) as pool:
+            (result,) = score_samples([sample], plan, pool)
+    print(f"extracted answer: {extract_answer(response)!r}   Minerva 'Answer:' line: {minerva_answer(response)!r}")
+    for weight, part in zip(weights, result.parts):
+        flag = "   (timed out: the verifier's timeout score)" if part.timed_out else ""
+        print(f"{part.name:>14}: {part.score:+.4f} x {weight:g}{flag}")
+    print(f"{'overlong':>14}: {result.overlong_penalty:+.4f}")
+    print(f"{'total':>14}: {result.total:+.4f}")
+    return 0

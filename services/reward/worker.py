@@ -1,0 +1,139 @@
+"""The reward dock worker: claim complete response groups, decode, score, put `rm_scores` back.
+
+Consumer `rule_reward` (MindSpeed-RL's name). A claim takes whole groups whose `responses` are
+final (under partial rollout the dock shows a group only once all n samples are), so several
+replicas share the work through the dock's atomic claims and none scores a row twice. Each put
+carries the claim's lease: a worker that stalled past it and lost its rows to another replica
+has its put refused and drops the batch. When the run's layout has an `rm_parts` column
+(float32, one entry per verifier in rl_config.verifier_function order) the unweighted
+per-verifier scores go there too.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.common.auth import resolve_token
+from services.common.config import Config
+from services.common.errors import FailedPrecondition, Unavailable
+from services.common.log import log_event
+from services.common.metrics import counter
+from services.dock.client import Claim, Dock
+from services.dock.registry import ReplicaRegistry
+from services.dock.scripts import StaleLease
+from services.reward.decoding import ResponseDecoder
+from services.reward.pool import VerifierRunner
+from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+
+logger = logging.getLogger("dockrl.reward.worker")
+
+CONSUMER = "rule_reward"
+PARTS_COLUMN = "rm_parts"
+_CLAIM_WAIT_S = 1.0  # a claim waits this long for work, so a stop request is seen within it
+_PROGRESS_EVERY_S = 10.0
+
+ROWS_SCORED = counter("reward_dock_rows_scored_total", "dock rows scored and put back")
+STALE_PUTS = counter("reward_dock_stale_puts_total", "batches dropped because their lease was taken over")
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    """What one claim-score-put step did: the rows put (none when the put was refused as stale)."""
+
+    indexes: list[int]
+    mean_score: float
+    part_means: dict[str, float]
+    timed_out: int
+
+
+class RewardWorker:
+    """Scores the dock's `rule_reward` work with `plan` through `runner` (the process pool)."""
+
+    def __init__(self, dock: Dock, plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder,
+                 count: int | None = None):
+        self.dock = dock
+        self.plan = plan
+        self.runner = runner
+        self.decoder = decoder
+        self.count = count  # rows per claim; None: rl_config.reward_dispatch_size (the layout's)
+
+    @classmethod
+    def from_config(cls, cfg: Config, runner: VerifierRunner) -> "RewardWorker":
+        """A worker on the run's dock, with the run's verifiers and tokenizer."""
+        dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
+        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner,
+                   ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path))
+
+    def step(self, wait_s: float = 0.0) -> BatchReport | None:
+        """One claim (waiting up to `wait_s` for work), scored and put back; None when there was no work."""
+        claim = self.dock.claim(CONSUMER, ["responses", "labels"], self.count, group=True,
+                                partial_columns=["response_length"], timeout_s=wait_s)
+        if claim is None:
+            return None
+        scored = score_samples(self._inputs(claim), self.plan, self.runner)
+        columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
+        if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
+            columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
+        try:
+            self.dock.put(claim.indexes, columns, lease=claim.lease)
+        except StaleLease:
+            STALE_PUTS.inc()
+            log_event(logger, "lease taken over; batch dropped", logging.WARNING, rows=len(claim))
+            return BatchReport([], 0.0, {}, 0)
+        ROWS_SCORED.inc(len(claim))
+        return BatchReport(
+            indexes=list(claim.indexes),
+            mean_score=float(columns["rm_scores"].mean()),
+            part_means={name: float(np.mean([s.parts[i].score for s in scored])) for i, name in enumerate(self.plan.verifiers)},
+            timed_out=sum(p.timed_out for s in scored for p in s.parts),
+        )
+
+    def _inputs(self, claim: Claim) -> list[ScoreInput]:
+        lengths = claim.columns["response_length"]
+        inputs = []
+        for ids, label, length in zip(claim.columns["responses"], claim.columns["labels"], lengths):
+            tokens = [int(t) for t in ids]
+            inputs.append(ScoreInput(self.decoder.decode(tokens), label, len(tokens) if length is None else int(length)))
+        return inputs
+
+    def run_until(self, stop: threading.Event, address: str = "", heartbeat_ttl_s: float = 10.0) -> None:
+        """Steps until `stop` is set, logging rows/s and per-verifier means every 10 s; registered as a
+        `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
+        registry = ReplicaRegistry(self.dock.client, self.dock.keys, heartbeat_ttl_s)
+        replica_id = f"reward-{uuid.uuid4().hex[:8]}"
+        registry.register(replica_id, address or "dock-only", "reward")
+        last_beat = last_log = time.monotonic()
+        rows = 0
+        waiting_for = ""
+        log_event(logger, "dock worker started", replica=replica_id, consumer=CONSUMER, run=self.dock.keys.base)
+        try:
+            while not stop.is_set():
+                try:
+                    report = self.step(wait_s=_CLAIM_WAIT_S)
+                except (FailedPrecondition, Unavailable) as exc:  # no dock created yet, or Redis away: wait
+                    if str(exc) != waiting_for:
+                        log_event(logger, "dock not ready; retrying every second", logging.WARNING, reason=str(exc))
+                        waiting_for = str(exc)
+                    stop.wait(_CLAIM_WAIT_S)
+                    continue
+                waiting_for = ""
+                now = time.monotonic()
+                if now - last_beat > heartbeat_ttl_s / 3:
+                    registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
+                    last_beat = now
+                if report is None:
+                    continue
+                rows += len(report.indexes)
+                if now - last_log >= _PROGRESS_EVERY_S:
+                    log_event(logger, "scoring", rows=rows, rows_per_s=round(rows / (now - last_log), 1),
+                              mean_score=round(report.mean_score, 4), timed_out=report.timed_out,
+                              **{f"{k}_mean": round(v, 4) for k, v in report.part_means.items()})
+                    rows, last_log = 0, now
+        finally:
+            registry.deregister(replica_id)
+            log_event(logger, "dock worker stopped", replica=replica_id)

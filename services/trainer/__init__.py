@@ -1,0 +1,1 @@
+"""The Megatron trainer: model, algorithms, update step, checkpoints and weight push."""

@@ -1,0 +1,141 @@
+"""Training checkpoints: model, optimizer, LR scheduler, RNG, step and data cursor, one file per rank.
+
+Layout follows Megatron's: `<root>/iter_<step:07d>/mp_rank_TT[_PPP]/model_optim_rng.pt` and
+`<root>/latest_checkpointed_iteration.txt`. Each rank writes its own shard (its TP/PP part
+of the weights and of the optimizer state); the tracker file is written last, after a barrier,
+so a checkpoint interrupted half-way is never the one resumed.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from services.trainer.checkpoint_convert import MEGATRON_FILE, shard_dir_name
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+
+
+@dataclass(frozen=True)
+class DataCursor:
+    """Where the prompt stream stands, so a resumed run claims the same prompts next (guarantee_order)."""
+
+    epoch: int = 0
+    next_prompt_index: int = 0  # index of the next prompt the driver puts in the dock
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """The run's counters saved with the weights."""
+
+    step: int = 0  # iterations completed
+    policy_version: int = 0  # weights version last pushed to rollout
+    data: DataCursor = field(default_factory=DataCursor)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _ranks() -> tuple[int, int, int]:
+    from megatron.core import parallel_state
+
+    return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
+            parallel_state.get_pipeline_model_parallel_world_size())
+
+
+def _is_data_parallel_leader() -> bool:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_rank() == 0
+
+
+def checkpoint_file(root: str | pathlib.Path, step: int) -> pathlib.Path:
+    """This rank's file of the checkpoint at `step`."""
+    tp_rank, pp_rank, pp = _ranks()
+    return pathlib.Path(root) / f"iter_{step:07d}" / shard_dir_name(tp_rank, pp_rank, pp) / MEGATRON_FILE
+
+
+def latest_step(root: str | pathlib.Path) -> int | None:
+    """The step of the last complete checkpoint under `root`, or None."""
+    tracker = pathlib.Path(root) / TRACKER_FILE
+    return int(tracker.read_text().strip()) if tracker.exists() else None
+
+
+def save_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, state: TrainState) -> pathlib.Path:
+    """Writes this rank's shard of the checkpoint for `state.step`; returns the iteration directory."""
+    import torch.distributed as dist
+
+    path = checkpoint_file(root, state.step)
+    if _is_data_parallel_leader():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "opt_param_scheduler": scheduler.state_dict(),
+            "rng_state": _rng_state(),
+            "train_state": asdict(state),
+        }
+        tmp = path.with_suffix(".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    if dist.is_initialized():
+        dist.barrier()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        tracker = pathlib.Path(root) / TRACKER_FILE
+        tracker.with_suffix(".tmp").write_text(str(state.step))
+        os.replace(tracker.with_suffix(".tmp"), tracker)
+    return path.parent.parent
+
+
+def load_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, step: int | None = None) -> TrainState:
+    """Restores model, optimizer, scheduler and RNG from `root` (the latest step unless given); returns the saved state."""
+    from services.trainer.checkpoint_convert import load_shard
+
+    step = latest_step(root) if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"{root}: no {TRACKER_FILE}; nothing to resume")
+    path = checkpoint_file(root, step)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing (saved with other TP/PP sizes?)")
+    # The file holds RNG and numpy state besides tensors; it is one this trainer wrote.
+    payload = torch.load(path, map_location="cpu", weights_only=False)
+    load_shard(model, {k: v for k, v in payload["model"].items() if not k.endswith("_extra_state")})
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["opt_param_scheduler"])
+    _set_rng_state(payload["rng_state"])
+    saved = payload["train_state"]
+    return TrainState(step=saved["step"], policy_version=saved["policy_version"], data=DataCursor(**saved["data"]))
+
+
+def checkpoint_handler(default_root: str, model, optimizer, scheduler, current_state: Callable[[], TrainState]):
+    """A TrainerControl checkpoint handler: saves to the asked directory, or `default_root` when "" is asked.
+
+    Single-process runs only: with several ranks every rank must save, so the driver turns the
+    request into a step-boundary action of all ranks instead.
+    """
+
+    def save(path: str) -> tuple[str, int]:
+        root = path or default_root
+        if not root:
+            raise ValueError("path: empty, and megatron_training.save is not set")
+        state = current_state()
+        return str(save_checkpoint(root, model, optimizer, scheduler, state)), state.step
+
+    return save

@@ -1,0 +1,219 @@
+"""Hugging Face safetensors <-> megatron-core GPTModel state dicts, for any TP x PP split.
+
+Megatron fuses q/k/v into one `linear_qkv` laid out per query group ([q heads of the group, k, v]
+for each of the num_key_value_heads groups), and gate/up into one SwiGLU `linear_fc1` ([gate; up]
+on every TP rank). Column-parallel weights split along dim 0, row-parallel ones along dim 1.
+The same mapping converts gradients (tests compare TP=1 and TP=2 gradients through it).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from typing import Mapping
+
+import torch
+
+from services.trainer.model import ModelLayout
+
+ShardKey = tuple[int, int]  # (pipeline rank, tensor rank)
+MEGATRON_FILE = "model_optim_rng.pt"
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "chat_template.jinja")
+
+# Per-layer tensors that are the same on every TP rank, and tensors split along dim 1 (row parallel).
+_LAYER_REPLICATED = {"input_layernorm.weight": "input_layernorm.weight",
+                     "post_attention_layernorm.weight": "pre_mlp_layernorm.weight"}
+_LAYER_ROW_PARALLEL = {"self_attn.o_proj.weight": "self_attention.linear_proj.weight",
+                       "mlp.down_proj.weight": "mlp.linear_fc2.weight"}
+
+
+def shard_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
+    """Megatron's per-rank directory name: mp_rank_TT, or mp_rank_TT_PPP with pipeline parallel."""
+    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ModelLayout, tp: int) -> list[torch.Tensor]:
+    """HF q/k/v (weights [out, in] or biases [out]) -> per-TP-rank linear_qkv in per-group order."""
+    groups, hd = layout.num_key_value_heads, layout.head_dim
+    per_group = layout.num_attention_heads // groups
+    rest = q.shape[1:]
+    fused = torch.cat([q.reshape(groups, per_group * hd, *rest), k.reshape(groups, hd, *rest),
+                       v.reshape(groups, hd, *rest)], dim=1)
+    return [c.reshape(-1, *rest) for c in fused.chunk(tp, dim=0)]
+
+
+def _split_qkv(shards: list[torch.Tensor], layout: ModelLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inverse of _fuse_qkv: per-rank linear_qkv -> HF q, k, v."""
+    groups, hd = layout.num_key_value_heads, layout.head_dim
+    per_group = layout.num_attention_heads // groups
+    rest = shards[0].shape[1:]
+    fused = torch.cat([s.reshape(-1, (per_group + 2) * hd, *rest) for s in shards], dim=0)
+    q, k, v = fused.split([per_group * hd, hd, hd], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def _layers_of_stage(layout: ModelLayout, pp: int, pp_rank: int) -> range:
+    per_stage = layout.num_layers // pp
+    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+
+
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: ModelLayout, tp: int = 1, pp: int = 1) -> dict[ShardKey, dict[str, torch.Tensor]]:
+    """Splits a HF state dict into megatron GPTModel state dicts, one per (pp_rank, tp_rank)."""
+    layout.check_parallel(tp, pp)
+    out: dict[ShardKey, dict[str, torch.Tensor]] = {(p, t): {} for p in range(pp) for t in range(tp)}
+    embed = hf["model.embed_tokens.weight"].chunk(tp, dim=0)
+    head = embed if layout.tie_word_embeddings else hf["lm_head.weight"].chunk(tp, dim=0)
+    for p in range(pp):
+        for local, i in enumerate(_layers_of_stage(layout, pp, p)):
+            src, dst = f"model.layers.{i}.", f"decoder.layers.{local}."
+            qkv = {kind: _fuse_qkv(*(hf[f"{src}self_attn.{x}_proj.{kind}"] for x in "qkv"), layout, tp)
+                   for kind in (("weight", "bias") if layout.qkv_bias else ("weight",))}
+            gate = hf[f"{src}mlp.gate_proj.weight"].chunk(tp, dim=0)
+            up = hf[f"{src}mlp.up_proj.weight"].chunk(tp, dim=0)
+            for t in range(tp):
+                shard = out[(p, t)]
+                for kind, parts in qkv.items():
+                    shard[f"{dst}self_attention.linear_qkv.{kind}"] = parts[t].clone()
+                shard[f"{dst}mlp.linear_fc1.weight"] = torch.cat([gate[t], up[t]], dim=0)
+                for hf_name, mg_name in _LAYER_ROW_PARALLEL.items():
+                    shard[dst + mg_name] = hf[src + hf_name].chunk(tp, dim=1)[t].clone()
+                for hf_name, mg_name in _LAYER_REPLICATED.items():
+                    shard[dst + mg_name] = hf[src + hf_name].clone()
+        for t in range(tp):
+            if p == 0:
+                out[(p, t)]["embedding.word_embeddings.weight"] = embed[t].clone()
+            if p == pp - 1:
+                out[(p, t)]["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
+                # Tied embeddings on one stage share the embedding tensor; across stages the last keeps a copy.
+                if not layout.tie_word_embeddings or pp > 1:
+                    out[(p, t)]["output_layer.weight"] = head[t].clone()
+    return out
+
+
+def megatron_to_hf(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], layout: ModelLayout) -> dict[str, torch.Tensor]:
+    """Merges per-(pp_rank, tp_rank) megatron state dicts (or gradients) back into HF names."""
+    pp = 1 + max(p for p, _ in shards)
+    tp = 1 + max(t for _, t in shards)
+
+    def gather(p: int, name: str, dim: int) -> torch.Tensor:
+        return torch.cat([shards[(p, t)][name] for t in range(tp)], dim=dim)
+
+    hf: dict[str, torch.Tensor] = {"model.embed_tokens.weight": gather(0, "embedding.word_embeddings.weight", 0)}
+    for p in range(pp):
+        for local, i in enumerate(_layers_of_stage(layout, pp, p)):
+            src, dst = f"decoder.layers.{local}.", f"model.layers.{i}."
+            for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
+                q, k, v = _split_qkv([shards[(p, t)][f"{src}self_attention.linear_qkv.{kind}"] for t in range(tp)], layout)
+                hf.update({f"{dst}self_attn.q_proj.{kind}": q, f"{dst}self_attn.k_proj.{kind}": k, f"{dst}self_attn.v_proj.{kind}": v})
+            gate_up = [shards[(p, t)][f"{src}mlp.linear_fc1.weight"].chunk(2, dim=0) for t in range(tp)]
+            hf[f"{dst}mlp.gate_proj.weight"] = torch.cat([g for g, _ in gate_up], dim=0)
+            hf[f"{dst}mlp.up_proj.weight"] = torch.cat([u for _, u in gate_up], dim=0)
+            for hf_name, mg_name in _LAYER_ROW_PARALLEL.items():
+                hf[dst + hf_name] = gather(p, src + mg_name, 1)
+            for hf_name, mg_name in _LAYER_REPLICATED.items():
+                hf[dst + hf_name] = shards[(p, 0)][src + mg_name]
+    hf["model.norm.weight"] = shards[(pp - 1, 0)]["decoder.final_layernorm.weight"]
+    if not layout.tie_word_embeddings:
+        hf["lm_head.weight"] = gather(pp - 1, "output_layer.weight", 0)
+    return hf
+
+
+def load_hf_state(hf_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
+    """All tensors of the *.safetensors files in `hf_dir`."""
+    from safetensors.torch import load_file
+
+    files = sorted(pathlib.Path(hf_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{hf_dir}: no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+def save_megatron(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], out_dir: str | pathlib.Path, hf_dir: str | pathlib.Path) -> pathlib.Path:
+    """Writes one `mp_rank_*/model_optim_rng.pt` per shard and a copy of the HF side files in hf_config/."""
+    from tqdm import tqdm
+
+    out = pathlib.Path(out_dir)
+    pp = 1 + max(p for p, _ in shards)
+    for (p, t), state in tqdm(shards.items(), desc="writing megatron shards", unit="shard"):
+        d = out / shard_dir_name(t, p, pp)
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": dict(state)}, d / MEGATRON_FILE)
+    copy_hf_side_files(hf_dir, out / "hf_config")
+    return out
+
+
+def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.Tensor]]:
+    """Reads the shards save_megatron wrote, keyed by (pp_rank, tp_rank)."""
+    from tqdm import tqdm
+
+    shards = {}
+    for f in tqdm(sorted(pathlib.Path(mg_dir).glob(f"mp_rank_*/{MEGATRON_FILE}")), desc="reading megatron shards", unit="shard"):
+        parts = f.parent.name.split("_")[2:]
+        tp_rank, pp_rank = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+        shards[(pp_rank, tp_rank)] = torch.load(f, map_location="cpu", weights_only=True)["model"]
+    if not shards:
+        raise FileNotFoundError(f"{mg_dir}: no mp_rank_*/{MEGATRON_FILE}")
+    return shards
+
+
+def copy_hf_side_files(src: str | pathlib.Path, dst: str | pathlib.Path) -> None:
+    """Copies config, tokenizer and generation files (everything but weights) from src to dst."""
+    dst = pathlib.Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in HF_SIDE_FILES:
+        if (pathlib.Path(src) / name).exists():
+            shutil.copy2(pathlib.Path(src) / name, dst / name)
+
+
+def save_hf(state: Mapping[str, torch.Tensor], out_dir: str | pathlib.Path, side_files_dir: str | pathlib.Path) -> pathlib.Path:
+    """Writes `state` as model.safetensors plus the HF side files, loadable by transformers and vLLM."""
+    from safetensors.torch import save_file
+
+    out = pathlib.Path(out_dir)
+    copy_hf_side_files(side_files_dir, out)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def convert_hf_to_megatron(hf_dir: str | pathlib.Path, out_dir: str | pathlib.Path, tp: int, pp: int) -> pathlib.Path:
+    """`dockrl trainer convert --to megatron`: a HF directory -> megatron shards for tp x pp."""
+    layout = ModelLayout.from_hf_dir(hf_dir)
+    return save_megatron(hf_to_megatron(load_hf_state(hf_dir), layout, tp, pp), out_dir, hf_dir)
+
+
+def convert_megatron_to_hf(mg_dir: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.Path:
+    """`dockrl trainer convert --to hf`: megatron shards (with their hf_config/) -> a HF directory."""
+    side = pathlib.Path(mg_dir) / "hf_config"
+    layout = ModelLayout.from_hf_dir(side)
+    return save_hf(megatron_to_hf(load_megatron(mg_dir), layout), out_dir, side)
+
+
+def describe(mg_dir: str | pathlib.Path) -> str:
+    """One line about a converted directory, for the CLI."""
+    shards = load_megatron(mg_dir)
+    pp = 1 + max(p for p, _ in shards)
+    tp = 1 + max(t for _, t in shards)
+    params = sum(v.numel() for s in shards.values() for v in s.values())
+    return json.dumps({"tp": tp, "pp": pp, "shards": len(shards), "parameters_in_shards": params})
+
+
+def load_shard(model, shard: Mapping[str, torch.Tensor]) -> None:
+    """Copies a converted shard into a built model; raises when a weight is missing or unexpected."""
+    result = model.load_state_dict(dict(shard), strict=False)
+    missing = [k for k in result.missing_keys if not k.endswith("_extra_state")]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"checkpoint does not fit the model: missing {missing}, unexpected {result.unexpected_keys}")
+
+
+def load_hf_into_model(model, hf: Mapping[str, torch.Tensor], layout: ModelLayout) -> None:
+    """Loads this rank's (pp_rank, tp_rank) part of a HF state dict into `model`."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    key = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
+    load_shard(model, hf_to_megatron(hf, layout, tp, pp)[key])

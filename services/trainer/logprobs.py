@@ -1,0 +1,223 @@
+"""Log-probabilities and entropy of response tokens given their prompts, on the megatron model.
+
+Each sample is its prompt followed by its response, contiguous. Two equivalent forward paths:
+padded (rows right-padded to the micro-batch's longest, causal attention) and packed
+(`use_remove_padding`: samples concatenated into one row in megatron's THD format, attention
+causal within each sample). `use_dynamic_bsz` forms micro-batches by a token budget
+(`max_packing_token_size`) instead of a fixed `micro_batch_size`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from services.trainer.model import compute_device
+
+
+@dataclass(frozen=True)
+class ResponseBatch:
+    """B samples: token ids of prompt + response and where the response sits."""
+
+    tokens: torch.Tensor  # [B, S] prompt then response, right-padded with 0
+    prompt_lengths: torch.Tensor  # [B]
+    response_lengths: torch.Tensor  # [B]
+
+    @classmethod
+    def from_lists(cls, prompts: list[list[int]], responses: list[list[int]]) -> "ResponseBatch":
+        """Builds the padded tensor from per-sample prompt and response token ids."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"responses: {len(responses)} responses for {len(prompts)} prompts")
+        if any(not r for r in responses):
+            raise ValueError("responses: every sample needs at least one response token")
+        if any(not p for p in prompts):
+            raise ValueError("prompts: every sample needs at least one prompt token (the first response token is predicted from it)")
+        width = max(len(p) + len(r) for p, r in zip(prompts, responses))
+        tokens = torch.zeros(len(prompts), width, dtype=torch.long)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            tokens[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
+        return cls(tokens, torch.tensor([len(p) for p in prompts]), torch.tensor([len(r) for r in responses]))
+
+    @property
+    def size(self) -> int:
+        return self.tokens.size(0)
+
+    @property
+    def max_response_length(self) -> int:
+        return int(self.response_lengths.max())
+
+    @property
+    def sequence_lengths(self) -> torch.Tensor:
+        return self.prompt_lengths + self.response_lengths
+
+    def response_mask(self) -> torch.Tensor:
+        """[B, L]: 1 on response tokens, L the longest response."""
+        return (torch.arange(self.max_response_length).unsqueeze(0) < self.response_lengths.unsqueeze(1)).float()
+
+    def select(self, index: torch.Tensor) -> "ResponseBatch":
+        """The samples at `index` (a 1-D long tensor), trimmed to their longest sequence."""
+        lengths = self.sequence_lengths[index]
+        return ResponseBatch(self.tokens[index, : int(lengths.max())], self.prompt_lengths[index], self.response_lengths[index])
+
+
+@dataclass(frozen=True)
+class ForwardConfig:
+    """How samples are grouped into forward passes (rl_config / megatron_training names)."""
+
+    micro_batch_size: int = 1
+    use_remove_padding: bool = False
+    use_dynamic_bsz: bool = False
+    max_packing_token_size: int = 4096
+
+    @classmethod
+    def from_config(cls, cfg) -> "ForwardConfig":
+        rl = cfg.rl_config
+        return cls(cfg.megatron_training.micro_batch_size, rl.use_remove_padding, rl.use_dynamic_bsz, rl.max_packing_token_size)
+
+
+def micro_batches(batch: ResponseBatch, cfg: ForwardConfig) -> list[torch.Tensor]:
+    """Sample indexes of each forward pass, in order.
+
+    Fixed size: chunks of micro_batch_size. Dynamic: greedy in order, each micro-batch's tokens
+    (packed: the sum of lengths; padded: rows x longest) within max_packing_token_size.
+    """
+    n = batch.size
+    if not cfg.use_dynamic_bsz:
+        return list(torch.arange(n).split(cfg.micro_batch_size))
+    lengths = batch.sequence_lengths.tolist()
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i, length in enumerate(lengths):
+        if length > cfg.max_packing_token_size:
+            raise ValueError(f"rl_config.max_packing_token_size: {cfg.max_packing_token_size} is below sample {i}'s {length} tokens")
+        candidate = current + [i]
+        cost = sum(lengths[j] for j in candidate) if cfg.use_remove_padding else len(candidate) * max(lengths[j] for j in candidate)
+        if current and cost > cfg.max_packing_token_size:
+            groups.append(current)
+            candidate = [i]
+        current = candidate
+    groups.append(current)
+    return [torch.tensor(g, dtype=torch.long) for g in groups]
+
+
+def _response_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [N, V] predicting labels [N] -> (log p(label) [N], entropy [N]), in fp32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    token_logp = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
+
+
+def _positions_predicting_responses(batch: ResponseBatch, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each sample (flat start offsets `starts`), the flat positions whose logits predict its response tokens."""
+    rows, cols = [], []
+    for i, (start, p, r) in enumerate(zip(starts, batch.prompt_lengths.tolist(), batch.response_lengths.tolist())):
+        rows.append(torch.full((r,), i))
+        cols.append(torch.arange(start + p - 1, start + p - 1 + r))
+    return torch.cat(rows), torch.cat(cols)
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """One micro-batch as the GPTModel takes it, and where each sample starts in the flattened output."""
+
+    tokens: torch.Tensor  # [b, S] padded, or [1, T] packed
+    positions: torch.Tensor  # same shape as tokens
+    attention_mask: torch.Tensor | None  # [1, 1, S, S] causal (True = masked); None when packed
+    packed_seq_params: object | None  # megatron PackedSeqParams (THD) when packed
+    starts: list[int]  # flat offset of each sample's first token
+    hidden_shape: tuple[int, int]  # (S, b) or (T, 1): the activations passed between pipeline stages
+
+    def run(self, model) -> torch.Tensor:
+        """The model's output: logits [b, S, V] on the last pipeline stage, hidden states elsewhere."""
+        return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
+
+
+def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
+    """The padded (causal mask) or packed (THD, per-sample causal) inputs of a micro-batch."""
+    device = compute_device()
+    lengths = batch.sequence_lengths.tolist()
+    if packed:
+        tokens = torch.cat([batch.tokens[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0).to(device)
+        positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
+        bounds = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
+        return ModelInputs(tokens, positions, None, _packed_params(bounds, max(lengths)), bounds[:-1].tolist(),
+                           (tokens.size(1), 1))
+    width = max(lengths)
+    tokens = batch.tokens[:, :width].to(device)
+    positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
+    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
+    return ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size))
+
+
+def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the last stage's logits: (log-probs [b, L], entropy [b, L]) of the responses, 0 past each."""
+    device = logits.device
+    flat_logits = logits.reshape(-1, logits.size(-1))
+    rows, cols = _positions_predicting_responses(batch, inputs.starts)
+    rows, cols = rows.to(device), cols.to(device)
+    token_logp, entropy = _response_stats(flat_logits[cols], inputs.tokens.reshape(-1)[cols + 1])
+    offsets = torch.cat([torch.arange(r) for r in batch.response_lengths.tolist()]).to(device)
+    shape = (batch.size, batch.max_response_length)
+    out_logp = torch.zeros(shape, device=device).index_put((rows, offsets), token_logp)
+    out_entropy = torch.zeros(shape, device=device).index_put((rows, offsets), entropy)
+    return out_logp, out_entropy
+
+
+def forward_micro_batch(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward pass over all of `batch` on a single pipeline stage: (log-probs [b, L], entropy [b, L]).
+
+    Gradients flow when called outside torch.no_grad().
+    """
+    inputs = model_inputs(batch, packed)
+    return response_stats(inputs.run(model), batch, inputs)
+
+
+# The loss of micro-batch i from its log-probs and entropy; its backward runs inside run_micro_batches.
+MicroBatchLoss = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def run_micro_batches(model, parts: list[ResponseBatch], packed: bool,
+                      loss_fn: MicroBatchLoss | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Forward (and, with `loss_fn`, backward) over micro-batches; every rank gets each part's (log-probs, entropy).
+
+    One pipeline stage: part by part, each backward right after its forward. Several stages:
+    services.trainer.pipeline's schedule.
+    """
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        from services.trainer.pipeline import pipelined_micro_batches
+
+        return pipelined_micro_batches(model, parts, [model_inputs(p, packed) for p in parts], response_stats, loss_fn)
+    results = []
+    for i, part in enumerate(parts):
+        logp, entropy = forward_micro_batch(model, part, packed)
+        if loss_fn is not None:
+            loss_fn(i, logp, entropy).backward()
+        results.append((logp.detach(), entropy.detach()))
+    return results
+
+
+def _packed_params(bounds: torch.Tensor, max_len: int):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=max_len, max_seqlen_kv=max_len)
+
+
+@torch.no_grad()
+def compute_logprobs(model, batch: ResponseBatch, cfg: ForwardConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy [B, L] of every sample's response (old / reference / rollout-check passes)."""
+    was_training = model.training
+    model.eval()
+    width = batch.max_response_length
+    logp = torch.zeros(batch.size, width)
+    entropy = torch.zeros(batch.size, width)
+    indexes = micro_batches(batch, cfg)
+    parts = [batch.select(index) for index in indexes]
+    for index, part, (lp, ent) in zip(indexes, parts, run_micro_batches(model, parts, cfg.use_remove_padding)):
+        logp[index, : part.max_response_length] = lp.cpu()
+        entropy[index, : part.max_response_length] = ent.cpu()
+    model.train(was_training)
+    return logp, entropy

@@ -1,0 +1,86 @@
+"""Policy and value losses: PPO clip, DAPO clip-higher, dual-clip, entropy bonus, clipped critic loss."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.trainer.masked import masked_mean
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The knobs of the clipped policy loss (rl_config names)."""
+
+    clip_ratio_low: float = 0.2  # ratio floor 1 - low; equals clip_ratio unless clip-higher
+    clip_ratio_high: float = 0.2  # ratio ceiling 1 + high; DAPO raises it (0.28)
+    clip_ratio_c: float = 3.0  # dual-clip bound on the loss for negative advantages
+    token_level_loss: bool = True  # mean over all tokens (DAPO) vs mean of per-sequence means
+    entropy_coeff: float = 0.0
+    kl_coef: float = 0.0  # KL-in-loss coefficient (0: no KL term)
+
+    @classmethod
+    def from_rl_config(cls, rl, kl_coef: float) -> "PolicyLossConfig":
+        """clip_ratio for both bounds unless clip_higher_enable, as MindSpeed-RL reads it."""
+        low, high = (rl.clip_ratio_low, rl.clip_ratio_high) if rl.clip_higher_enable else (rl.clip_ratio, rl.clip_ratio)
+        return cls(low, high, rl.clip_ratio_c, rl.token_level_loss, rl.entropy_coeff, kl_coef)
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A loss to backpropagate and its metrics (scalars)."""
+
+    loss: torch.Tensor
+    pg_loss: torch.Tensor
+    pg_clipfrac: torch.Tensor
+    pg_clipfrac_lower: torch.Tensor
+    ppo_kl: torch.Tensor
+    entropy: torch.Tensor
+    kl: torch.Tensor
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, token_level: bool) -> torch.Tensor:
+    """Token-level mean over all response tokens, or the mean over sequences of per-sequence means."""
+    if token_level:
+        return masked_mean(values, mask)
+    return masked_mean(values, mask, dim=-1).mean()
+
+
+def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cfg: PolicyLossConfig, entropy: torch.Tensor | None = None,
+                kl: torch.Tensor | None = None) -> PolicyLoss:
+    """Clipped surrogate loss with dual-clip, plus -entropy_coeff * entropy and + kl_coef * kl.
+
+    All tensors [B, L]; `kl` is a per-token estimate (services.trainer.kl). pg_clipfrac is the
+    fraction of tokens where the clipped term is the one taken; pg_clipfrac_lower the fraction
+    with negative advantage where the dual-clip bound is taken.
+    """
+    log_ratio = logprob - old_logprob
+    ratio = log_ratio.exp()
+    ppo_kl = masked_mean(-log_ratio, mask)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    clip_max = torch.maximum(unclipped, clipped)
+    pg_clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    dual_bound = -advantages * cfg.clip_ratio_c
+    dual = torch.minimum(dual_bound, clip_max)
+    negative = advantages < 0
+    pg_clipfrac_lower = masked_mean(((clip_max > dual_bound) & negative).float(), mask)
+    per_token = torch.where(negative, dual, clip_max)
+    pg_loss = aggregate(per_token, mask, cfg.token_level_loss)
+    zero = pg_loss.new_zeros(())
+    ent = aggregate(entropy, mask, cfg.token_level_loss) if entropy is not None else zero
+    kl_mean = aggregate(kl, mask, cfg.token_level_loss) if kl is not None else zero
+    loss = pg_loss - cfg.entropy_coeff * ent + cfg.kl_coef * kl_mean
+    return PolicyLoss(loss, pg_loss.detach(), pg_clipfrac, pg_clipfrac_lower, ppo_kl.detach(), ent.detach(), kl_mean.detach())
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Critic loss 0.5 * mean(max((v - R)^2, (clip(v, v_old +- c) - R)^2)); returns (loss, clip fraction)."""
+    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    loss_unclipped = (values - returns).square()
+    loss_clipped = (clipped - returns).square()
+    loss = 0.5 * masked_mean(torch.maximum(loss_unclipped, loss_clipped), mask)
+    clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), mask)
+    return loss, clipfrac

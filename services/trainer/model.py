@@ -1,0 +1,216 @@
+"""The trainer's model: megatron-core GPTModel built from a Hugging Face config.json.
+
+Covers the Qwen2 / Qwen2.5 / Llama layouts (RMSNorm, SwiGLU, grouped-query attention, RoPE,
+optional QKV bias, tied or untied embeddings). Tensor and pipeline parallel groups come from
+megatron-core's parallel_state over torch.distributed: gloo on CPU, NCCL on CUDA, HCCL on NPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """The shape of a decoder-only model, read from its Hugging Face config.json."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    qkv_bias: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_dir(cls, hf_dir: str | pathlib.Path) -> "ModelLayout":
+        """Reads `hf_dir/config.json`; raises ValueError for an architecture this trainer does not build."""
+        cfg = json.loads((pathlib.Path(hf_dir) / "config.json").read_text())
+        arch = (cfg.get("architectures") or ["?"])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(f"config.json architectures: {arch!r} is not one of {', '.join(SUPPORTED_ARCHITECTURES)}")
+        heads = cfg["num_attention_heads"]
+        rope = cfg.get("rope_parameters") or {}
+        # What this GPTModel does not build would be silently wrong logits: refuse it by name.
+        rope_type = rope.get("rope_type") or (cfg.get("rope_scaling") or {}).get("rope_type", "default")
+        if rope_type != "default":
+            raise ValueError(f"config.json rope_parameters.rope_type: {rope_type!r} is not supported (only 'default' RoPE)")
+        if cfg.get("use_sliding_window"):
+            raise ValueError("config.json use_sliding_window: sliding-window attention is not supported")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json hidden_act: {cfg['hidden_act']!r} is not supported (SwiGLU with silu only)")
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            ffn_hidden_size=cfg["intermediate_size"],
+            rms_norm_eps=cfg["rms_norm_eps"],
+            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)),
+            max_position_embeddings=cfg["max_position_embeddings"],
+            # Qwen2 always has q/k/v biases; Llama only with attention_bias.
+            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+
+    def check_parallel(self, tp: int, pp: int) -> None:
+        """Raises ValueError naming the key when the model cannot be split tp x pp ways."""
+        for what, size in [("num_key_value_heads", self.num_key_value_heads), ("num_attention_heads", self.num_attention_heads),
+                           ("vocab_size", self.vocab_size), ("intermediate_size", self.ffn_hidden_size)]:
+            if size % tp:
+                raise ValueError(f"megatron_training.tensor_model_parallel_size: {tp} does not divide the model's {what} {size}")
+        if self.num_layers % pp:
+            raise ValueError(f"megatron_training.pipeline_model_parallel_size: {pp} does not divide num_hidden_layers {self.num_layers}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def compute_device() -> torch.device:
+    """Where this rank computes: its CUDA device, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def default_backend() -> str:
+    """nccl with CUDA, hccl with torch_npu, gloo otherwise."""
+    if torch.cuda.is_available():
+        return "nccl"
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return "hccl"
+    return "gloo"
+
+
+def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234) -> None:
+    """Initialises torch.distributed (from torchrun's env, or a single local process) and megatron's groups.
+
+    Applies the CPU shims when there is no accelerator. Safe to call twice with the same sizes.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from services.trainer.cpu_shims import apply_cpu_shims
+
+    on_cpu = apply_cpu_shims()
+    if not dist.is_initialized():
+        backend = default_backend() if backend == "auto" else backend
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        # Each rank binds its own device before the communicator is created on it.
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        elif backend == "hccl":
+            torch.npu.set_device(local_rank)
+        if "RANK" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    if parallel_state.model_parallel_is_initialized():
+        if (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
+            raise RuntimeError("init_parallel: already initialised with other tensor/pipeline parallel sizes")
+        return
+    if dist.get_world_size() % (tp * pp):
+        raise ValueError(f"megatron_training: world size {dist.get_world_size()} is not a multiple of TP {tp} x PP {pp}")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    torch.manual_seed(seed)
+    if not on_cpu:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy_parallel() -> None:
+    """Tears down megatron's groups and the process group (tests, clean exits)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32):
+    """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=layout.num_layers,
+        hidden_size=layout.hidden_size,
+        num_attention_heads=layout.num_attention_heads,
+        num_query_groups=layout.num_key_value_heads,
+        kv_channels=layout.head_dim,
+        ffn_hidden_size=layout.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=layout.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=layout.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
+    """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out gathered over TP."""
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from services.trainer.cpu_shims import SDPACoreAttention, accelerator_present
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    layout.check_parallel(tp, pp)
+    if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
+        # megatron-core syncs the two copies of a tied embedding with a .cuda() call at construction.
+        raise ValueError("megatron_training.pipeline_model_parallel_size: tied embeddings with PP > 1 need an accelerator")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if not accelerator_present():
+        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    model = GPTModel(
+        transformer_config(layout, tp, pp, dtype),
+        transformer_layer_spec=spec,
+        vocab_size=layout.vocab_size,
+        max_sequence_length=layout.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=False,  # full-vocabulary logits on every TP rank: log-probs need the whole softmax
+        share_embeddings_and_output_weights=layout.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(layout.rope_theta),
+    )
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model

@@ -1,0 +1,74 @@
+"""Which rollout replicas are live, and keeping every one of them on the current weights.
+
+Replicas register themselves in the dock's registry; a replica that joins mid-run reports an
+old version and gets the current weights before it takes work that will be trained on.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from services.common.config import Config
+from services.common.errors import Unavailable
+from services.common.log import log_event
+from services.dock.registry import ReplicaRegistry
+from services.trainer.weight_push import PushResult, push_weights
+
+logger = logging.getLogger("dockrl.trainer")
+ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ReplicaSync:
+    """Weight pushes to the registry's live rollout replicas (rank 0 only; other ranks hold None)."""
+
+    def __init__(self, cfg: Config, registry: ReplicaRegistry | None, token: str):
+        self._cfg = cfg
+        self._registry = registry
+        self._token = token
+        self._dtype = ROLLOUT_DTYPES[cfg.generate_config.dtype]
+
+    def live_addresses(self) -> list[str]:
+        """gRPC addresses of the live rollout replicas, sorted by replica id."""
+        return [r.address for r in self._registry.live("rollout")]
+
+    def wait_for_replicas(self, timeout_s: float) -> list[str]:
+        """Blocks until at least one rollout replica is registered."""
+        deadline = time.monotonic() + timeout_s
+        while not (addresses := self.live_addresses()):
+            if time.monotonic() > deadline:
+                raise Unavailable(f"no rollout replica registered in the dock within {timeout_s:.0f} s")
+            time.sleep(0.5)
+        return addresses
+
+    def _push(self, weights: dict[str, torch.Tensor], addresses: list[str], version: int) -> PushResult:
+        tcfg = self._cfg.trainer
+        result = push_weights(weights, addresses, version, bucket_mb=tcfg.bucket_mb, mode=tcfg.push_mode, token=self._token,
+                              dtype=self._dtype)
+        log_event(logger, "weights pushed", version=version, replicas=result.replicas_updated, mb=f"{result.bytes_sent / 2**20:.1f}",
+                  seconds=f"{result.seconds:.2f}", failed=len(result.failed))
+        for failure in result.failed:
+            log_event(logger, "replica missed the push", level=logging.WARNING, detail=failure)
+        return result
+
+    def push_all(self, weights: dict[str, torch.Tensor], version: int) -> PushResult:
+        """Pushes `version` to every live replica; raises when none took it."""
+        result = self._push(weights, self.wait_for_replicas(timeout_s=60.0), version)
+        if result.replicas_updated == 0:
+            raise Unavailable(f"weight push of version {version} reached no replica: {list(result.failed)}")
+        return result
+
+    def push_to_stale(self, weights: dict[str, torch.Tensor], version: int) -> PushResult | None:
+        """Pushes `version` to the live replicas that serve another one (joined late, or missed a push)."""
+        stale = [r.address for r in self._registry.live("rollout") if r.version != version]
+        return self._push(weights, stale, version) if stale else None
+
+    def any_address(self) -> str:
+        """One live rollout replica (the first by id), for evaluation calls."""
+        return self.wait_for_replicas(timeout_s=60.0)[0]
+
+    def reward_address(self) -> str:
+        """A live reward replica from the registry, else the configured reward address."""
+        live = self._registry.live("reward")
+        return live[0].address if live else f"{self._cfg.reward.host}:{self._cfg.reward.grpc_port}"

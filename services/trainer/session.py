@@ -1,0 +1,154 @@
+"""What one trainer process holds for a run: model, reference, optimiser, counters, control server.
+
+The driver (driver.py) owns the loop; this owns the state and the distributed plumbing, so the
+loop reads as the algorithm. Rank 0 talks to the dock and the replicas; other ranks receive
+each batch by broadcast and take part in every collective (update, weight gather, checkpoint).
+"""
+from __future__ import annotations
+
+import pathlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from services.common.config import Config
+from services.trainer.advantages import group_norm_advantages
+from services.trainer.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
+from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
+from services.trainer.control import TrainerControl
+from services.trainer.iteration_data import ScoredBatch
+from services.trainer.logprobs import ResponseBatch, compute_logprobs
+from services.trainer.masked import masked_mean
+from services.trainer.model import ModelLayout, build_model, destroy_parallel, init_parallel
+from services.trainer.server import start_server
+from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+from services.trainer.weight_bucket import gather_hf_weights
+
+
+def _world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+@dataclass
+class TrainerSession:
+    """The trainer's state for one run (see the module docstring)."""
+
+    cfg: Config
+    token: str
+    layout: ModelLayout
+    model: Any
+    ref_model: Any
+    optimizer: Any
+    scheduler: Any
+    update_cfg: UpdateConfig
+    control: TrainerControl
+    server: Any = None
+    step: int = 0
+    version: int = 0
+    prompt_cursor: int = 0
+    num_prompts: int = 1
+
+    @classmethod
+    def start(cls, cfg: Config, token: str, resume: bool = False, host: str | None = None, port: int | None = None) -> "TrainerSession":
+        """Builds the model from megatron_training.load (or the last checkpoint with `resume`) and starts the control server."""
+        from services.common.preprocess import load_prompts
+
+        mt, rl = cfg.megatron_training, cfg.rl_config
+        init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
+        dtype = torch.bfloat16 if mt.bf16 else torch.float32
+        layout = ModelLayout.from_hf_dir(mt.load)
+        hf_state = load_hf_state(mt.load)
+        model = build_model(layout, dtype)
+        load_hf_into_model(model, hf_state, layout)
+        ref_model = None
+        if rl.init_kl_coef > 0 and not rl.use_kl_in_reward:
+            ref_model = build_model(layout, dtype)
+            load_hf_into_model(ref_model, hf_state, layout)
+            ref_model.eval()
+            ref_model.requires_grad_(False)
+        update_cfg = UpdateConfig.from_config(cfg)
+        steps_per_iter = rl.epochs * (cfg.samples_per_iteration // update_cfg.mini_batch_size)
+        optimizer, scheduler = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
+        control = TrainerControl(mt.train_iters)
+        session = cls(cfg, token, layout, model, ref_model, optimizer, scheduler, update_cfg, control,
+                      num_prompts=max(1, len(load_prompts(mt.data_path))))
+        if resume and mt.save and latest_step(mt.save) is not None:
+            state = load_checkpoint(mt.save, model, optimizer, scheduler)
+            session.step, session.version = state.step, state.policy_version
+            session.prompt_cursor = state.data.epoch * session.num_prompts + state.data.next_prompt_index
+        if session.is_leader:
+            # Over gRPC a checkpoint request only takes effect between steps (the step lock).
+            _, world = _world()
+            control.checkpoint_handler = session._checkpoint_handler if world == 1 else None
+            session.server, bound = start_server(control, host or cfg.trainer.host, cfg.trainer.grpc_port if port is None else port, token)
+            control.record_step(session.step, {}, session.version)
+        return session
+
+    @property
+    def is_leader(self) -> bool:
+        return _world()[0] == 0
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        import torch.distributed as dist
+
+        if _world()[1] == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def train_step(self, batch: ScoredBatch, step: int) -> dict[str, float]:
+        """Advantages, log-probs and the policy update on one iteration's batch; returns its metrics."""
+        rl, fwd = self.cfg.rl_config, self.update_cfg.forward
+        samples = ResponseBatch.from_lists(batch.prompts, batch.responses)
+        mask = samples.response_mask()
+        scores = torch.tensor(batch.scores, dtype=torch.float32)
+        advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
+        metrics: dict[str, float] = {}
+        old_logprobs = None
+        if self.cfg.trainer.log_logprob_diff:
+            self.model.eval()
+            with torch.no_grad():
+                old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
+            rollout = torch.zeros_like(old_logprobs)
+            for i, lp in enumerate(batch.rollout_logprobs):
+                rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)])
+            metrics["train_rollout_logprob_diff"] = float(masked_mean((old_logprobs - rollout).abs(), mask))
+        ref_logprobs = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logprobs = compute_logprobs(self.ref_model, samples, fwd)[0].float().cpu()
+        out = update_policy(self.model, self.optimizer, self.scheduler,
+                            TrainBatch(samples, advantages, old_logprobs, ref_logprobs), self.update_cfg, step)
+        metrics.update({f"actor/{k}": v for k, v in out.as_dict().items()})
+        metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
+        return metrics
+
+    def gather_weights(self) -> dict[str, torch.Tensor]:
+        """The policy in HF names (a collective over TP ranks)."""
+        return gather_hf_weights(self.model, self.layout)
+
+    def _train_state(self) -> TrainState:
+        epoch, index = divmod(self.prompt_cursor, self.num_prompts)
+        return TrainState(self.step, self.version, DataCursor(epoch, index))
+
+    def _checkpoint_handler(self, path: str) -> tuple[str, int]:
+        root = path or self.cfg.megatron_training.save
+        return str(save_checkpoint(root, self.model, self.optimizer, self.scheduler, self._train_state())), self.step
+
+    def save_checkpoint(self) -> pathlib.Path | None:
+        """Saves to megatron_training.save (every rank takes part); None when no save directory is set."""
+        root = self.cfg.megatron_training.save
+        if not root:
+            return None
+        return save_checkpoint(root, self.model, self.optimizer, self.scheduler, self._train_state())
+
+    def close(self) -> None:
+        """Stops the control server and tears down the process groups."""
+        if self.server is not None:
+            self.server.stop(grace=1.0)
+        destroy_parallel()

@@ -1,0 +1,23 @@
+"""Metrics of one iteration's batch: rewards, lengths, policy lag, groups without signal."""
+from __future__ import annotations
+
+import statistics
+
+from services.trainer.iteration_data import ScoredBatch
+
+
+def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt: int) -> dict[str, float]:
+    """Reward mean/std, the share of samples with a positive reward, response lengths, policy lag, flat groups."""
+    lengths = [len(r) for r in batch.responses]
+    lags = [trained_version - v for versions in batch.versions for v in versions]
+    groups = [batch.scores[i:i + n_samples_per_prompt] for i in range(0, len(batch.scores), n_samples_per_prompt)]
+    return {
+        "reward/mean": statistics.fmean(batch.scores),
+        "reward/std": statistics.pstdev(batch.scores),
+        "reward/positive_fraction": sum(s > 0 for s in batch.scores) / len(batch.scores),
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/max": max(lengths),
+        "policy_lag/mean": statistics.fmean(lags) if lags else 0.0,
+        "policy_lag/max": max(lags) if lags else 0.0,
+        "groups/flat_fraction": sum(len(set(g)) == 1 for g in groups) / len(groups),
+    }

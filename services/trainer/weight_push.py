@@ -1,0 +1,170 @@
+"""Streams weight buckets to rollout replicas over gRPC `Rollout.UpdateWeights`.
+
+Each bucket goes out as WeightChunk messages under the gRPC message limit: the first chunk of a
+bucket carries its tensor metadata, every chunk a slice of its bytes. Fan-out opens one stream
+per replica; chain opens one stream to the first replica and names the rest in `forward_to`
+(the replica forwards as it receives). A packing thread fills a bounded queue per stream, so the
+next bucket is packed while the previous one is on the wire, and memory stays at a few buckets.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+import torch
+
+from services.trainer.weight_bucket import WeightBucket, pack_bucket, plan_buckets
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * (1 << 20)  # gRPC's default receive limit
+HEADER_SLACK_BYTES = 1024  # framing of the non-data fields of a chunk
+QUEUE_BUCKETS = 2  # buckets packed ahead of the slowest stream
+PUSH_MODES = ("fanout", "chain")
+_END = object()
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What one push did."""
+
+    version: int
+    bytes_sent: int  # bucket bytes of the whole model (per stream)
+    seconds: float  # wall time from the first bucket packed to the last replica's answer
+    num_buckets: int
+    replicas_updated: int  # replicas that answered with the new version (chain: counted by the head)
+    failed: tuple[str, ...]  # "address: error" for each stream that failed
+
+
+def chunk_messages(bucket: WeightBucket, version: int, bucket_index: int, num_buckets: int, *,
+                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, forward_to: tuple[str, ...] = (),
+                   num_tensors: int = 0) -> Iterator:
+    """The WeightChunk messages of one bucket, each at most max_message_bytes on the wire.
+
+    `forward_to` and `num_tensors` go on the first chunk of the push (bucket 0) only.
+    """
+    from services.common.pb import rollout_pb2
+
+    first = rollout_pb2.WeightChunk(
+        version=version, bucket_index=bucket_index, num_buckets=num_buckets, bucket_nbytes=bucket.nbytes,
+        tensors=[rollout_pb2.TensorMeta(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset, nbytes=s.nbytes)
+                 for s in bucket.tensors],
+    )
+    if bucket_index == 0:
+        first.forward_to.extend(forward_to)
+        first.num_tensors = num_tensors
+    room = max_message_bytes - first.ByteSize() - HEADER_SLACK_BYTES
+    if room <= 0:
+        raise ValueError(f"trainer.bucket_mb: bucket {bucket_index}'s metadata alone ({first.ByteSize()} bytes) "
+                         f"exceeds the {max_message_bytes}-byte message limit; use smaller buckets")
+    first.data = bucket.data[:room]
+    yield first
+    step = max_message_bytes - HEADER_SLACK_BYTES
+    for offset in range(room, bucket.nbytes, step):
+        yield rollout_pb2.WeightChunk(version=version, bucket_index=bucket_index, num_buckets=num_buckets,
+                                      data=bucket.data[offset: offset + step], data_offset=offset)
+
+
+class _Stream:
+    """One UpdateWeights call fed from a bounded queue of buckets' chunks."""
+
+    def __init__(self, address: str, token: str, timeout_s: float, max_message_bytes: int):
+        import grpc
+
+        from services.common.auth import bearer_metadata
+        from services.common.pb import rollout_pb2_grpc
+
+        self.address = address
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_BUCKETS)
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", max_message_bytes)])
+        stub = rollout_pb2_grpc.RolloutStub(self.channel)
+        self.future = stub.UpdateWeights.future(self._requests(), timeout=timeout_s, metadata=bearer_metadata(token) or None)
+
+    def _requests(self):
+        while True:
+            item = self.queue.get()
+            if item is _END:
+                return
+            yield from item
+
+    def offer(self, chunks: list, stop: threading.Event) -> bool:
+        """Queues one bucket's chunks; False once the call has ended (failed) and takes no more."""
+        while not stop.is_set():
+            if self.future.done():
+                return False
+            try:
+                self.queue.put(chunks, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], version: int, *, bucket_mb: float,
+                 mode: str = "fanout", token: str = "", dtype: torch.dtype | None = None, timeout_s: float = 600.0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> PushResult:
+    """Pushes HF-named `tensors` as policy `version` to `addresses` (host:port), fan-out or chain.
+
+    Floating tensors are cast to `dtype` (the rollout's) when given. Replicas that fail are
+    listed in the result; the others are updated.
+    """
+    if mode not in PUSH_MODES:
+        raise ValueError(f"trainer.push_mode: {mode!r} is not one of {', '.join(PUSH_MODES)}")
+    if not addresses:
+        raise ValueError("addresses: no rollout replica to push to")
+    plan = plan_buckets(tensors, bucket_mb, dtype)
+    heads = addresses if mode == "fanout" else addresses[:1]
+    forward_to = () if mode == "fanout" else tuple(addresses[1:])
+    start = time.perf_counter()
+    streams = [_Stream(a, token, timeout_s, max_message_bytes) for a in heads]
+    stop = threading.Event()
+    sent = [0]
+    errors: list[BaseException] = []
+
+    def produce() -> None:
+        try:
+            for index, names in enumerate(plan):
+                bucket = pack_bucket(tensors, names, dtype)
+                chunks = list(chunk_messages(bucket, version, index, len(plan), max_message_bytes=max_message_bytes,
+                                             forward_to=forward_to, num_tensors=len(tensors)))
+                live = [s.offer(chunks, stop) for s in streams]
+                sent[0] += bucket.nbytes
+                if not any(live):
+                    return
+        except BaseException as exc:  # re-raised by the caller; a half push must not look complete
+            errors.append(exc)
+            stop.set()
+            for s in streams:
+                s.future.cancel()
+        finally:
+            for s in streams:
+                s.offer(_END, threading.Event())
+
+    producer = threading.Thread(target=produce, name="weight-pack", daemon=True)
+    producer.start()
+    updated, failed = 0, []
+    for s in streams:
+        try:
+            response = s.future.result()
+            updated += max(1, response.replicas_updated)
+        except Exception as exc:  # grpc.RpcError and cancellations: this replica missed the push
+            failed.append(f"{s.address}: {_describe(exc)}")
+    stop.set()
+    producer.join()
+    for s in streams:
+        s.close()
+    if errors:
+        raise errors[0]
+    return PushResult(version, sent[0], time.perf_counter() - start, len(plan), updated, tuple(failed))
+
+
+def _describe(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    details = getattr(exc, "details", None)
+    if callable(code) and callable(details):
+        return f"{code().name} {details()}"
+    return repr(exc)

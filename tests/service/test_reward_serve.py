@@ -1,0 +1,79 @@
+"""`python -m services.reward serve --dock` as a process: gRPC and the dock worker together, clean stop."""
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import numpy as np
+import pytest
+import redis
+import yaml
+from transformers import AutoTokenizer
+
+from services.common.templates import load_templates
+from tests.conftest import free_port
+from services.common.tiny_model import build_tokenizer
+from services.dock.client import Dock
+from services.dock.schema import DockLayout
+from services.reward.client import RewardClient
+from services.reward.scoring import ScoreInput
+from services.reward.worker import CONSUMER
+
+pytestmark = pytest.mark.service
+
+N = 2
+
+
+def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
+    build_tokenizer(tmp_path / "tok", load_templates()["qwen"])
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    prefix = f"test-reward-{uuid.uuid4().hex[:10]}"
+    metrics_port = free_port()
+    config = {
+        "megatron_training": {"tokenizer_name_or_path": str(tmp_path / "tok"), "global_batch_size": 2},
+        "rl_config": {"n_samples_per_prompt": N, "verifier_function": ["acc"], "verifier_weight": [1.0],
+                      "verifier_parallel": 1, "verifier_timeout": 5},
+        "dock": {"redis_url": redis_url, "prefix": prefix, "run_id": "serve"},
+        "reward": {"metrics_port": metrics_port},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.reward", "serve", "--config", str(tmp_path / "run.yaml"), "--port", "0", "--dock"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "DOCKRL_LOG_LEVEL": "WARNING"},
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("reward server listening on 127.0.0.1:"), line
+        target = line.split()[-1]
+        time.sleep(1.5)  # the worker starts before the dock exists and must wait for it
+        dock = Dock(client, prefix, "serve")
+        dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=2, dispatch_sizes={CONSUMER: N}))
+        rows = dock.rows_of([0, 1])
+        dock.put(rows, {"labels": ["4", "4", "5", "5"],
+                        "responses": [np.array(tok.encode(t, add_special_tokens=False), np.int32)
+                                      for t in (r"\boxed{4}", r"\boxed{3}", "5", r"\boxed{5}")],
+                        "response_length": [9, 9, 1, 9]})
+        deadline = time.monotonic() + 30
+        while not dock.all_consumed(CONSUMER) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [float(s) for s in dock.read(rows, ["rm_scores"])["rm_scores"]] == [1.0, -0.5, -1.0, 1.0]
+        with RewardClient(target) as reward:
+            assert reward.score([ScoreInput(r"\boxed{\frac12}", "0.5")])[0].total == 1.0
+        cli = subprocess.run([sys.executable, "-m", "services.reward", "score", "--server", target, "--label", "7",
+                              "--response", r"so \boxed{7}", "--verifier", "acc"], capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0 and "total: +1.0000" in cli.stdout, cli.stdout + cli.stderr
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 2.0" in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()

@@ -1,0 +1,25 @@
+"""Prompt order: seeded epochs, and a cursor that resumes where it stopped."""
+from services.common.preprocess import PromptRecord
+from services.trainer.prompt_stream import PromptStream
+
+RECORDS = [PromptRecord(i, f"p{i}", [i], str(i)) for i in range(10)]
+
+
+def test_epochs_cover_every_prompt_and_resume_is_identical():
+    stream = PromptStream(RECORDS, seed=7)
+    first = [r.index for r in stream.take(10)]
+    assert sorted(first) == list(range(10)) and first != list(range(10))
+    second = [r.index for r in stream.take(10)]
+    assert sorted(second) == list(range(10)) and second != first
+
+    uninterrupted = PromptStream(RECORDS, seed=7)
+    expected = [r.index for r in uninterrupted.take(13)] + [r.index for r in uninterrupted.take(9)]
+    resumed = PromptStream(RECORDS, seed=7)
+    head = [r.index for r in resumed.take(13)]
+    restarted = PromptStream(RECORDS, seed=7)
+    restarted.state.cursor = resumed.state.cursor
+    assert head + [r.index for r in restarted.take(9)] == expected
+
+
+def test_index_order_without_shuffle():
+    assert [r.index for r in PromptStream(RECORDS, seed=0, shuffle=False).take(12)] == list(range(10)) + [0, 1]

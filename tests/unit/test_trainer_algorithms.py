@@ -1,0 +1,139 @@
+"""Advantages, KL estimators, policy/value losses and dynamic sampling against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from services.trainer.advantages import gae_advantages, group_norm_advantages
+from services.trainer.dynamic_sampling import DynamicSampler, informative_groups
+from services.trainer.kl import kl_penalty
+from services.trainer.losses import PolicyLossConfig, policy_loss, value_loss
+
+
+def test_group_norm_matches_mindspeed_rl_value():
+    adv = group_norm_advantages(torch.tensor([1.0, 2.0]), 2, torch.ones(2, 3))
+    assert torch.allclose(adv, torch.tensor([[-0.7071] * 3, [0.7071] * 3]), atol=1e-4)
+
+
+def test_group_norm_is_per_group_and_masked():
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
+    adv = group_norm_advantages(torch.tensor([0.0, 1.0, 5.0, 5.0]), 2, mask)
+    assert torch.allclose(adv[0], torch.tensor([-0.7071, -0.7071, 0.0]), atol=1e-4)
+    assert torch.allclose(adv[1], torch.tensor([0.7071, 0.0, 0.0]), atol=1e-4)
+    assert torch.equal(adv[2:], torch.zeros(2, 3))  # equal scores: no advantage
+
+
+def test_group_norm_rejects_partial_groups():
+    with pytest.raises(ValueError, match="n_samples_per_prompt=2"):
+        group_norm_advantages(torch.ones(3), 2, torch.ones(3, 1))
+
+
+def test_gae_by_hand():
+    # gamma .9, lam .5, values .5, reward 1 at the end:
+    # A2 = 1 - .5 = .5; A1 = (.45 - .5) + .45 * .5 = .175; A0 = -.05 + .45 * .175 = .02875
+    adv, ret = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.full((1, 3), 0.5), torch.ones(1, 3), 0.9, 0.5)
+    assert torch.allclose(ret, torch.tensor([[0.52875, 0.675, 1.0]]), atol=1e-6)
+    raw = torch.tensor([0.02875, 0.175, 0.5])
+    std = math.sqrt(((raw - raw.mean()) ** 2).sum().item() / 2)
+    assert torch.allclose(adv, ((raw - raw.mean()) / std).unsqueeze(0), atol=1e-5)
+    assert torch.allclose(adv, torch.tensor([[-0.85334, -0.24702, 1.10036]]), atol=1e-4)
+
+
+def test_gae_gamma_lam_one_is_reward_to_go_minus_value():
+    adv, ret = gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.full((1, 3), 0.5), torch.ones(1, 3), 1.0, 1.0)
+    assert torch.allclose(ret, torch.ones(1, 3))
+    assert torch.allclose(adv, torch.zeros(1, 3), atol=1e-3)  # all three advantages equal .5: whitened to 0
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.tensor([0.5, 1.0]), torch.tensor([1.0, 0.5])
+    assert torch.allclose(kl_penalty(logp, ref, "low_var_kl"), torch.tensor([0.14872, 0.10653]), atol=1e-5)
+    assert torch.allclose(kl_penalty(logp, ref, "kl"), torch.tensor([-0.5, 0.5]))
+    assert torch.allclose(kl_penalty(logp, ref, "abs"), torch.tensor([0.5, 0.5]))
+    assert torch.allclose(kl_penalty(logp, ref, "mse"), torch.tensor([0.125, 0.125]))
+
+
+def test_low_var_kl_is_clamped():
+    out = kl_penalty(torch.tensor([0.0, 0.0, 0.0]), torch.tensor([300.0, -300.0, 2.0]), "low_var_kl")
+    assert out[:2].tolist() == [10.0, 10.0]  # log-ratio clamped to +-20 (no inf), result to 10
+    assert out[2].item() == pytest.approx(math.exp(2) - 3, rel=1e-6)
+
+
+def test_kl_unknown_kind_names_the_key():
+    with pytest.raises(ValueError, match="rl_config.kl_penalty"):
+        kl_penalty(torch.zeros(1), torch.zeros(1), "k9")
+
+
+def _one_token(adv: float, ratio: float, cfg: PolicyLossConfig):
+    old = torch.zeros(1, 1)
+    return policy_loss(torch.full((1, 1), math.log(ratio)), old, torch.full((1, 1), adv), torch.ones(1, 1), cfg)
+
+
+def test_ppo_clip_and_clip_higher():
+    out = _one_token(1.0, 1.5, PolicyLossConfig(0.2, 0.2))
+    assert out.loss.item() == pytest.approx(-1.2) and out.pg_clipfrac.item() == 1.0
+    assert _one_token(1.0, 1.5, PolicyLossConfig(0.2, 0.28)).loss.item() == pytest.approx(-1.28)
+    inside = _one_token(1.0, 1.1, PolicyLossConfig(0.2, 0.2))
+    assert inside.loss.item() == pytest.approx(-1.1) and inside.pg_clipfrac.item() == 0.0
+    low = _one_token(-1.0, 0.5, PolicyLossConfig(0.2, 0.2))
+    assert low.loss.item() == pytest.approx(0.8) and low.pg_clipfrac.item() == 1.0
+
+
+def test_dual_clip_bounds_negative_advantage_loss():
+    out = _one_token(-1.0, 5.0, PolicyLossConfig(0.2, 0.2, clip_ratio_c=3.0))
+    assert out.loss.item() == pytest.approx(3.0)  # unclipped 5, bounded by -A * 3
+    assert out.pg_clipfrac_lower.item() == 1.0
+    assert _one_token(1.0, 5.0, PolicyLossConfig(0.2, 0.2, clip_ratio_c=3.0)).pg_clipfrac_lower.item() == 0.0
+
+
+def test_token_level_vs_sequence_mean_aggregation():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[-1.0, -3.0, 0.0], [-5.0, 0.0, 0.0]])  # ratio 1: per-token loss = -A
+    zeros = torch.zeros(2, 3)
+    token = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(token_level_loss=True))
+    seq = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(token_level_loss=False))
+    assert token.loss.item() == pytest.approx(3.0)  # (1 + 3 + 5) / 3
+    assert seq.loss.item() == pytest.approx(3.5)  # (2 + 5) / 2
+
+
+def test_entropy_bonus_and_kl_term():
+    zeros, mask = torch.zeros(1, 2), torch.ones(1, 2)
+    out = policy_loss(zeros, zeros, torch.ones(1, 2), mask, PolicyLossConfig(entropy_coeff=0.1, kl_coef=0.5),
+                      entropy=torch.full((1, 2), 2.0), kl=torch.full((1, 2), 0.4))
+    assert out.loss.item() == pytest.approx(-1.0 - 0.2 + 0.2)
+    assert out.entropy.item() == pytest.approx(2.0) and out.kl.item() == pytest.approx(0.4)
+
+
+def test_policy_loss_gradient_flows_to_logprob():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    policy_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), PolicyLossConfig()).loss.backward()
+    assert torch.allclose(logp.grad, torch.full((1, 2), -0.5))  # d(-mean(ratio))/dlogp at ratio 1
+
+
+def test_value_loss_clips_around_old_values():
+    loss, frac = value_loss(torch.tensor([[1.0]]), torch.tensor([[0.0]]), torch.tensor([[2.0]]), torch.ones(1, 1), 0.5)
+    assert loss.item() == pytest.approx(1.125) and frac.item() == 1.0  # 0.5 * (0.5 - 2)^2
+    loss, frac = value_loss(torch.tensor([[0.2]]), torch.tensor([[0.0]]), torch.tensor([[0.0]]), torch.ones(1, 1), 0.5)
+    assert loss.item() == pytest.approx(0.02) and frac.item() == 0.0
+
+
+def test_informative_groups_drop_zero_std():
+    metric = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    assert informative_groups(metric, 2).tolist() == [1, 3]
+
+
+def test_dynamic_sampler_refills_up_to_target():
+    sampler = DynamicSampler(target_groups=3, n_samples_per_prompt=2, max_batches=5)
+    assert sampler.add(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])) == [1, 3]
+    assert not sampler.done
+    assert sampler.add(torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 1.0])) == [1]
+    assert sampler.done and sampler.kept == [(0, 1), (0, 3), (1, 1)]
+    with pytest.raises(RuntimeError, match="already"):
+        sampler.add(torch.tensor([0.0, 1.0]))
+
+
+def test_dynamic_sampler_stops_at_max_batches():
+    sampler = DynamicSampler(target_groups=4, n_samples_per_prompt=2, max_batches=2)
+    sampler.add(torch.tensor([1.0, 1.0]))
+    sampler.add(torch.tensor([0.0, 1.0]))
+    assert sampler.done and len(sampler.kept) == 1

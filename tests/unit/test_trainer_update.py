@@ -1,0 +1,131 @@
+"""The update step: LR schedules, GRPO steps on a fixed batch, the skipped old-logprob pass, micro-batch exactness."""
+import dataclasses
+
+import pytest
+import torch
+from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
+
+from services.common.config import MegatronTrainingConfig
+from services.trainer.advantages import group_norm_advantages
+from services.trainer.logprobs import ForwardConfig, compute_logprobs
+from services.trainer.losses import PolicyLossConfig
+from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, clip_grad_norm, update_policy
+
+N = 4
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return tiny_hf_model(tmp_path_factory.mktemp("hf"))
+
+
+def grpo_batch() -> TrainBatch:
+    samples = random_batch(5, prompt_lengths=[4] * 4 + [3] * 4, response_lengths=[3, 5, 2, 4, 6, 3, 2, 4])
+    return TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask()))
+
+
+def lrs(style: str, warmup_fraction: float) -> list[float]:
+    mt = MegatronTrainingConfig(lr=1.0, min_lr=0.1, lr_warmup_fraction=warmup_fraction, lr_decay_style=style)
+    optimizer, scheduler = build_optimizer(torch.nn.Linear(2, 2), mt, total_steps=10)
+    out = []
+    for _ in range(11):
+        out.append(optimizer.param_groups[0]["lr"])
+        scheduler.step(1)
+    return out
+
+
+def test_lr_schedules_by_hand():
+    cosine = lrs("cosine", 0.2)  # 2 warmup steps of 10
+    assert cosine[:3] == pytest.approx([0.0, 0.5, 1.0])
+    assert cosine[4] == pytest.approx(0.1 + 0.9 * 0.5 * (2 ** -0.5 + 1))  # decay ratio 2/8
+    assert cosine[6] == pytest.approx(0.55) and cosine[10] == pytest.approx(0.1)
+    linear = lrs("linear", 0.2)
+    assert linear[4] == pytest.approx(0.775) and linear[10] == pytest.approx(0.1)
+    assert lrs("constant", 0.0) == pytest.approx([1.0] * 11)
+
+
+def test_unknown_decay_style_names_the_key():
+    with pytest.raises(ValueError, match="megatron_training.lr_decay_style: 'step'"):
+        build_optimizer(torch.nn.Linear(2, 2), MegatronTrainingConfig(lr_decay_style="step"), 10)
+
+
+def test_grpo_steps_raise_logprob_of_rewarded_responses(hf_dir):
+    model, _ = megatron_tp1(hf_dir)
+    batch = grpo_batch()
+    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=2e-3, clip_grad=1.0), total_steps=4)
+    cfg = UpdateConfig(mini_batch_size=8, loss=PolicyLossConfig(kl_coef=0.001))
+    mask = batch.samples.response_mask()
+    before = compute_logprobs(model, batch.samples, ForwardConfig(micro_batch_size=8))[0]
+    batch = dataclasses.replace(batch, ref_logprobs=before)
+    for step in range(4):
+        metrics = update_policy(model, optimizer, scheduler, batch, cfg, step)
+        assert not metrics.old_logprob_pass and metrics.optimizer_steps == 1
+    after = compute_logprobs(model, batch.samples, ForwardConfig(micro_batch_size=8))[0]
+
+    def mean_logp(logp, rewarded):
+        rows = REWARDS == (1.0 if rewarded else 0.0)
+        return ((logp * mask)[rows].sum() / mask[rows].sum()).item()
+
+    assert mean_logp(after, True) > mean_logp(before, True) + 0.05
+    assert mean_logp(after, False) < mean_logp(before, False)
+    assert metrics.grad_norm > 0 and metrics.kl > 0
+
+
+def _one_update(hf_dir, batch, cfg):
+    model, _ = megatron_tp1(hf_dir)
+    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.0), total_steps=4)
+    metrics = update_policy(model, optimizer, scheduler, batch, cfg)
+    # The last mini-batch's gradient (Adam's first step is ~lr * sign(g): parameters would hide or blow up tiny differences).
+    return metrics, torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def test_skipped_old_logprob_pass_equals_computing_it(hf_dir):
+    batch = grpo_batch()
+    cfg = UpdateConfig(mini_batch_size=8, clip_grad=0.0)
+    skipped, grads_skipped = _one_update(hf_dir, batch, cfg)
+    model, _ = megatron_tp1(hf_dir)
+    old = compute_logprobs(model, batch.samples, cfg.forward)[0]
+    explicit, grads_explicit = _one_update(hf_dir, dataclasses.replace(batch, old_logprobs=old), cfg)
+    assert not skipped.old_logprob_pass
+    assert skipped.pg_loss == pytest.approx(explicit.pg_loss, abs=1e-6)
+    assert torch.allclose(grads_skipped, grads_explicit, atol=1e-6)
+
+
+def test_mini_batches_and_epochs_compute_the_old_policy_once(hf_dir):
+    metrics, _ = _one_update(hf_dir, grpo_batch(), UpdateConfig(mini_batch_size=4, epochs=2, shuffle_mini_batch=True))
+    assert metrics.old_logprob_pass and metrics.optimizer_steps == 4
+    assert metrics.ppo_kl != 0.0  # later steps see a policy that moved away from the old one
+
+
+@pytest.mark.parametrize("forward", [ForwardConfig(micro_batch_size=1), ForwardConfig(micro_batch_size=3, use_remove_padding=True)],
+                         ids=["mbs1", "packed-mbs3"])
+@pytest.mark.parametrize("token_level", [True, False], ids=["token-mean", "seq-mean"])
+def test_micro_batching_gives_the_whole_mini_batch_step(hf_dir, forward, token_level):
+    loss = PolicyLossConfig(token_level_loss=token_level)
+    whole, grads_whole = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, clip_grad=0.0, loss=loss, forward=ForwardConfig(micro_batch_size=8)))
+    split, grads_split = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, clip_grad=0.0, loss=loss, forward=forward))
+    assert split.pg_loss == pytest.approx(whole.pg_loss, abs=1e-6)
+    assert split.grad_norm == pytest.approx(whole.grad_norm, rel=1e-4)
+    assert torch.allclose(grads_split, grads_whole, atol=1e-6, rtol=1e-4)
+
+
+def test_clip_grad_norm_matches_torch(hf_dir):
+    model, _ = megatron_tp1(hf_dir)
+    params = list(model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen)
+    expected = torch.nn.utils.get_total_norm([p.grad for p in params]).item()
+    assert clip_grad_norm(params, 1.0) == pytest.approx(expected, rel=1e-5)
+    assert torch.nn.utils.get_total_norm([p.grad for p in params]).item() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_update_config_reads_the_run_config():
+    from services.common.config import DEFAULT_CONFIG, load_config
+
+    cfg = load_config(DEFAULT_CONFIG, ["rl_config.clip_higher_enable=true", "rl_config.use_remove_padding=true"])
+    update = UpdateConfig.from_config(cfg)
+    assert update.mini_batch_size == cfg.samples_per_iteration  # derived at load: GBS * n
+    assert (update.loss.clip_ratio_low, update.loss.clip_ratio_high) == (0.2, 0.28)
+    assert update.forward.use_remove_padding and update.forward.micro_batch_size == 16
