@@ -65,10 +65,13 @@ class DockWorker:
         self.max_tokens = cfg.generate_config.sampling_config.max_tokens
         self.max_split = cfg.rl_config.partial_rollout_max_split
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Serves the dock until `stop` is set; then returns unfinished rows and deregisters."""
+    async def register(self) -> None:
+        """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
         await asyncio.to_thread(self.registry.register, self.engine.replica_id, self.address, "rollout", self.engine.version)
         log_event(log, "registered", replica=self.engine.replica_id, address=self.address)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serves the dock until `stop` is set; then returns unfinished rows and deregisters."""
         heartbeat = asyncio.create_task(self._heartbeat(stop))
         refused = ""
         try:

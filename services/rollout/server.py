@@ -62,15 +62,18 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():
         await asyncio.sleep(0.05)
+    # 3. the dock worker, when asked for (registered before we say we are ready)
+    worker = None
+    if options.dock_url:
+        worker = _dock_worker(engine, cfg, token, options.dock_url, f"{_advertised(options.host)}:{grpc_port}")
+        await worker.register()
     log_event(log, "serving", model=engine.model_name, grpc_port=grpc_port, http_port=http_port, max_queue=engine.max_queue)
     if options.ready_file:
         ready = pathlib.Path(options.ready_file)
         ready.with_suffix(".tmp").write_text(json.dumps({"grpc_port": grpc_port, "http_port": http_port, "pid": os.getpid()}))
         ready.with_suffix(".tmp").rename(ready)
-    # 3. the dock worker, when asked for
     tasks = [http_task, asyncio.create_task(stop.wait())]
-    if options.dock_url:
-        worker = _dock_worker(engine, cfg, token, options.dock_url, f"{_advertised(options.host)}:{grpc_port}")
+    if worker is not None:
         tasks.append(asyncio.create_task(worker.run(stop)))
     # 4. until a signal (uvicorn sees it first, ends its server, then re-raises it to us)
     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)

@@ -156,7 +156,7 @@ class WeightReceiver:
         push.bytes_received += len(chunk.data)
         if bucket.filled == len(bucket.buffer):
             metas = [(t.name, t.dtype, list(t.shape), t.offset, t.nbytes) for t in bucket.tensors]
-            await self.engine.collective_rpc("stage_bucket", bytes(bucket.buffer), metas)
+            await self.engine.collective_rpc("stage_bucket", bucket.buffer, metas)
             push.buckets_done += 1
             push.bucket = None
 

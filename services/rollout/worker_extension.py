@@ -14,14 +14,19 @@ class WeightStagingExtension:
 
     def stage_bucket(self, data: bytes, tensors: list[tuple[str, str, list[int], int, int]]) -> int:
         """Keeps the bucket's tensors (name, dtype, shape, offset, nbytes) for the next commit; returns how many are staged."""
+        import warnings
+
         import torch
 
         staged = self.__dict__.setdefault("_dockrl_staged", [])
-        buffer = bytearray(data)  # writable, so torch.frombuffer does not warn or alias read-only memory
-        for name, dtype, shape, offset, nbytes in tensors:
-            torch_dtype = getattr(torch, dtype)
-            flat = torch.frombuffer(buffer, dtype=torch_dtype, count=nbytes // torch_dtype.itemsize, offset=offset)
-            staged.append((name, flat.reshape(shape)))
+        with warnings.catch_warnings():
+            # the tensors only ever get read (reload copies them into the parameters), so they may
+            # alias the read-only message bytes instead of a copy
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            for name, dtype, shape, offset, nbytes in tensors:
+                torch_dtype = getattr(torch, dtype)
+                flat = torch.frombuffer(data, dtype=torch_dtype, count=nbytes // torch_dtype.itemsize, offset=offset)
+                staged.append((name, flat.reshape(shape)))
         return len(staged)
 
     def commit_staged(self) -> int:

@@ -14,7 +14,7 @@ from rollout_harness import (
     shared_servers, rollout_stub,
 )
 from services.common.auth import bearer_metadata
-from services.common.pb import rollout_pb2
+from services.common.pb import rollout_pb2, rollout_pb2_grpc
 
 pytestmark = pytest.mark.service
 
@@ -133,46 +133,62 @@ def test_http_rejects_bad_requests(servers, fields, status, message):
 
 
 def test_queue_bound_answers_429_and_resource_exhausted(servers):
-    """MAX_QUEUE long requests fill the queue; the next HTTP and gRPC requests are refused, then served."""
+    """Six times the queue bound at once over HTTP and gRPC: the bound is admitted, the rest refused, then served."""
+    burst = 3 * MAX_QUEUE  # per API
+    body = {"model": "tiny", "prompt": [65] * 8, "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+    request = greedy_request([65] * 8, 120)
+
+    async def grpc_call(stub):
+        try:
+            return await stub.Generate(request)
+        except grpc.aio.AioRpcError as exc:
+            return exc
 
     async def main():
-        async with httpx.AsyncClient(base_url=servers.a.http_base, timeout=120) as client:
-            body = {"model": "tiny", "prompt": [65] * 8, "max_tokens": 100, "temperature": 0, "ignore_eos": True}
-            long_ones = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(MAX_QUEUE)]
-            for _ in range(200):  # until all of them are admitted
-                info = rollout_stub(servers.a).GetInfo(rollout_pb2.GetInfoRequest())
-                if info.queue_depth >= MAX_QUEUE:
-                    break
-                await asyncio.sleep(0.02)
-            refused = await client.post("/v1/completions", json={**body, "max_tokens": 2})
-            with pytest.raises(grpc.RpcError) as info:
-                rollout_stub(servers.a).Generate(greedy_request(PROMPTS[0], 2))
-            done = await asyncio.gather(*long_ones)
+        async with httpx.AsyncClient(base_url=servers.a.http_base, timeout=120) as client, \
+                grpc.aio.insecure_channel(servers.a.grpc_target) as channel:
+            stub = rollout_pb2_grpc.RolloutStub(channel)
+            calls = [client.post("/v1/completions", json=body) for _ in range(burst)] + [grpc_call(stub) for _ in range(burst)]
+            results = await asyncio.gather(*calls)
             after = await client.post("/v1/completions", json={**body, "max_tokens": 2})
-            return refused, info.value, done, after
+            return results[:burst], results[burst:], after
 
-    refused, rpc_error, done, after = asyncio.run(main())
-    assert refused.status_code == 429
-    assert f"rollout.max_queue: {MAX_QUEUE} requests are waiting or running (limit {MAX_QUEUE}); retry later" in refused.json()["error"]["message"]
-    assert rpc_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert all(r.status_code == 200 for r in done)
+    http_results, grpc_results, after = asyncio.run(main())
+    refused = [r for r in http_results if r.status_code == 429]
+    exhausted = [r for r in grpc_results if isinstance(r, grpc.aio.AioRpcError)]
+    served = [r for r in http_results if r.status_code == 200] + [r for r in grpc_results if not isinstance(r, grpc.aio.AioRpcError)]
+    assert refused and exhausted, "nothing was refused past the queue bound"
+    assert len(served) >= MAX_QUEUE and len(served) + len(refused) + len(exhausted) == 2 * burst
+    bound = f"rollout.max_queue: {MAX_QUEUE} requests are waiting or running (limit {MAX_QUEUE}); retry later"
+    assert all(bound in r.json()["error"]["message"] for r in refused)
+    assert all(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and bound in e.details() for e in exhausted)
     assert after.status_code == 200
+    assert rollout_stub(servers.a).GetInfo(rollout_pb2.GetInfoRequest()).queue_depth == 0
 
 
 def test_abort_needs_the_token_and_stops_a_request(servers):
+    """Abort races the request's end, so each attempt checks whichever came first; one must be an abort."""
     stub = rollout_stub(servers.a)
-    request = rollout_pb2.GenerateRequest(
-        request_id="abort-me", token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]),
-        sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=120, ignore_eos=True),
-    )
-    stream = stub.GenerateStream(request)
-    first = next(stream)
-    with pytest.raises(grpc.RpcError) as info:
-        stub.Abort(rollout_pb2.AbortRequest(request_id="abort-me"))
-    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert stub.Abort(rollout_pb2.AbortRequest(request_id="abort-me"), metadata=bearer_metadata(TOKEN)).aborted
-    rest = list(stream)
-    tokens = len(first.token_ids) + sum(len(c.token_ids) for c in rest)
-    assert tokens < 120
-    assert rest and rest[-1].finish_reason == "abort"
-    assert not stub.Abort(rollout_pb2.AbortRequest(request_id="abort-me"), metadata=bearer_metadata(TOKEN)).aborted
+    outcomes = []
+    for attempt in range(3):
+        request_id = f"abort-me-{attempt}"
+        stream = stub.GenerateStream(rollout_pb2.GenerateRequest(
+            request_id=request_id, token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]),
+            sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=120, ignore_eos=True),
+        ))
+        first = next(stream)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Abort(rollout_pb2.AbortRequest(request_id=request_id))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        aborted = stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), metadata=bearer_metadata(TOKEN)).aborted
+        chunks = [first, *stream]
+        tokens = sum(len(c.token_ids) for c in chunks)
+        if aborted:
+            assert chunks[-1].finish_reason == "abort" and tokens < 120
+        else:  # it had finished before the Abort arrived
+            assert chunks[-1].finish_reason == "length" and tokens == 120
+        assert not stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), metadata=bearer_metadata(TOKEN)).aborted
+        outcomes.append(aborted)
+        if aborted:
+            break
+    assert any(outcomes), "no Abort arrived while its request was running"
