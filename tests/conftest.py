@@ -3,9 +3,15 @@ import pathlib
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
+
+# tests/service/rollout_harness.py holds the session's shared rollout replicas; every tier imports it by that name
+SERVICE_TESTS = str(pathlib.Path(__file__).parent / "service")
+if SERVICE_TESTS not in sys.path:
+    sys.path.insert(0, SERVICE_TESTS)
 
 
 @pytest.fixture(scope="session")
@@ -96,3 +102,28 @@ def dock_factory(redis_url):
     for key in client.scan_iter(f"{prefix}:*", count=1000):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def fault_log(request):
+    """The session's table of what was tried and what held (tests/fault_log.py); `.check(...)` records a row."""
+    from tests.fault_log import SESSION_LOG
+
+    SESSION_LOG.test = request.node.nodeid
+    return SESSION_LOG
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Writes the fault table when fault or security tests recorded rows."""
+    from tests.fault_log import SESSION_LOG
+
+    if SESSION_LOG.rows:
+        SESSION_LOG.write()
+
+
+@pytest.fixture(scope="session")
+def rollout_servers(request):
+    """The session's shared rollout replicas (tests/service/rollout_harness.py), for tests outside tests/service."""
+    import rollout_harness
+
+    return rollout_harness.shared_servers(request)
