@@ -52,31 +52,45 @@ def test_rollout_update_weights_needs_the_token(rollout, fault_log):
                     code.name, code == grpc.StatusCode.INVALID_ARGUMENT)
 
 
+class LongStream:
+    """A GenerateStream of 8 completions x 124 tokens read on a thread: long enough to abort mid-way."""
+
+    def __init__(self, stub, request_id: str):
+        self.chunks: list[rollout_pb2.GenerateChunk] = []
+        self.started = threading.Event()
+        request = rollout_pb2.GenerateRequest(request_id=request_id, token_ids=rollout_pb2.TokenIds(ids=[1, 2, 3]),
+                                              sampling=rollout_pb2.SamplingParams(temperature=1.0, n=8, max_tokens=124, ignore_eos=True))
+        self.thread = threading.Thread(target=self._read, args=(stub, request))
+        self.thread.start()
+        assert self.started.wait(60)
+
+    def _read(self, stub, request) -> None:
+        for chunk in stub.GenerateStream(request, timeout=120):
+            self.chunks.append(chunk)
+            self.started.set()
+
+    def finish_reasons(self) -> set[str]:
+        self.thread.join(120)
+        return {c.finish_reason for c in self.chunks if c.finish_reason}
+
+
 def test_rollout_abort_needs_the_token(rollout, fault_log):
     _, stub, _ = rollout
-    request = rollout_pb2.GenerateRequest(request_id="security-abort", token_ids=rollout_pb2.TokenIds(ids=[1, 2, 3]),
-                                          sampling=rollout_pb2.SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True))
-    chunks: list[rollout_pb2.GenerateChunk] = []
-    started = threading.Event()
-
-    def consume():
-        for chunk in stub.GenerateStream(request, timeout=120):
-            chunks.append(chunk)
-            started.set()
-
-    reader = threading.Thread(target=consume)
-    reader.start()
-    assert started.wait(60)
+    running = LongStream(stub, "security-abort-refused")
     for what, metadata in WITHOUT.items():
-        code = code_of(lambda: stub.Abort(rollout_pb2.AbortRequest(request_id="security-abort"), metadata=metadata))
-        fault_log.check("rollout auth", f"Abort of a running request with {what}", "UNAUTHENTICATED, the request keeps running",
-                        f"{code.name}, finished: {bool(chunks[-1].finish_reason)}", code == grpc.StatusCode.UNAUTHENTICATED and not chunks[-1].finish_reason)
-    answer = stub.Abort(rollout_pb2.AbortRequest(request_id="security-abort"), metadata=bearer_metadata(ROLLOUT_TOKEN))
-    reader.join(60)
-    generated = sum(len(c.token_ids) for c in chunks)
-    fault_log.check("rollout auth", "Abort with the token", "aborted, the request ends with finish_reason 'abort'",
-                    f"aborted={answer.aborted}, finish_reason {chunks[-1].finish_reason!r} after {generated} of 120 tokens",
-                    answer.aborted and chunks[-1].finish_reason == "abort" and generated < 120)
+        code = code_of(lambda: stub.Abort(rollout_pb2.AbortRequest(request_id="security-abort-refused"), metadata=metadata))
+        fault_log.check("rollout auth", f"Abort of a running request with {what}", "UNAUTHENTICATED", code.name,
+                        code == grpc.StatusCode.UNAUTHENTICATED)
+    reasons = running.finish_reasons()
+    fault_log.check("rollout auth", "the request those Aborts named", "runs to its end (finish_reason 'length')", str(sorted(reasons)),
+                    reasons == {"length"})
+    running = LongStream(stub, "security-abort-accepted")
+    answer = stub.Abort(rollout_pb2.AbortRequest(request_id="security-abort-accepted"), metadata=bearer_metadata(ROLLOUT_TOKEN))
+    reasons = running.finish_reasons()
+    generated = sum(len(c.token_ids) for c in running.chunks)
+    fault_log.check("rollout auth", "Abort of a running request with the token", "aborted: finish_reason 'abort'",
+                    f"aborted={answer.aborted}, finish reasons {sorted(reasons)} after {generated} of 8 x 124 tokens",
+                    answer.aborted and "abort" in reasons and generated < 8 * 124)
 
 
 def test_rollout_reads_need_no_token(rollout, fault_log):
