@@ -3,7 +3,6 @@ reads keep working without it. Real rollout replica (token set via --set auth.to
 from __future__ import annotations
 
 import threading
-import time
 
 import grpc
 import httpx
