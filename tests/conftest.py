@@ -3,9 +3,15 @@ import pathlib
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
+
+# tests/service/rollout_harness.py holds the session's shared rollout replicas; every tier imports it by that name
+SERVICE_TESTS = str(pathlib.Path(__file__).parent / "service")
+if SERVICE_TESTS not in sys.path:
+    sys.path.insert(0, SERVICE_TESTS)
 
 
 @pytest.fixture(scope="session")
@@ -23,28 +29,32 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def redis_answers(url: str) -> bool:
-    """True when a Redis at `url` answers PING."""
+def redis_answers(url: str, password: str = "") -> bool:
+    """True when a Redis at `url` answers PING (authenticating with `password` if given)."""
     import redis
 
     try:
-        return bool(redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1).ping())
+        return bool(redis.Redis.from_url(url, password=password or None, socket_timeout=1, socket_connect_timeout=1).ping())
     except redis.RedisError:
         return False
 
 
-def start_redis_server(directory: pathlib.Path, *flags: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
-    """Starts `redis-server` on loopback (a free port unless given) with data in `directory`; returns it and its URL."""
+def start_redis_server(directory: pathlib.Path, *flags: str, port: int | None = None, password: str = "") -> tuple[subprocess.Popen, str]:
+    """Starts `redis-server` on loopback (a free port unless given) with data in `directory`; returns it and its URL.
+
+    With `password` the server requires it (`--requirepass`); the URL does not carry it.
+    """
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     port = port or free_port()
     proc = subprocess.Popen(
-        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(directory), *flags],
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(directory), *flags,
+         *(("--requirepass", password) if password else ())],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     for _ in range(100):
-        if redis_answers(url) or proc.poll() is not None:
+        if redis_answers(url, password) or proc.poll() is not None:
             break
         time.sleep(0.05)
     if proc.poll() is not None:
@@ -96,3 +106,28 @@ def dock_factory(redis_url):
     for key in client.scan_iter(f"{prefix}:*", count=1000):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture
+def fault_log(request):
+    """The session's table of what was tried and what held (tests/fault_log.py); `.check(...)` records a row."""
+    from tests.fault_log import SESSION_LOG
+
+    SESSION_LOG.test = request.node.nodeid
+    return SESSION_LOG
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Writes the fault table when fault or security tests recorded rows."""
+    from tests.fault_log import SESSION_LOG
+
+    if SESSION_LOG.rows:
+        SESSION_LOG.write()
+
+
+@pytest.fixture(scope="session")
+def rollout_servers(request):
+    """The session's shared rollout replicas (tests/service/rollout_harness.py), for tests outside tests/service."""
+    import rollout_harness
+
+    return rollout_harness.shared_servers(request)

@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, grpc_abort
+from services.common.grpc_decode import DecodeErrorInterceptor
 from services.common.log import log_event
 from services.common.metrics import counter, histogram
 from services.common.pb import reward_pb2, reward_pb2_grpc
@@ -76,6 +77,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         return ScoringPlan.create(names, weights or [1.0] * len(names), self._default_plan.overlong)
 
     def _items(self, request: reward_pb2.ScoreRequest):
+        if not request.items:
+            raise InvalidArgument("items", "is empty; give at least one item to score")
         if len(request.items) > self._limits.max_items:
             raise InvalidArgument(
                 "items", f"{len(request.items)} items; at most {self._limits.max_items} per request (reward.max_items)"
@@ -145,6 +148,7 @@ def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int) -> R
     rc = cfg.reward
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=rc.server_threads, thread_name_prefix="reward-grpc"),
+        interceptors=[DecodeErrorInterceptor()],
         options=[("grpc.max_receive_message_length", rc.max_request_mb * 1024 * 1024)],
     )
     servicer = RewardServicer(

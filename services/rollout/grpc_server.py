@@ -6,6 +6,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.auth import AsyncTokenInterceptor
 from services.common.errors import DockrlError, InvalidArgument, grpc_abort_async
+from services.common.grpc_decode import AsyncDecodeErrorInterceptor
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.rollout.chain import MAX_MESSAGE_BYTES
 from services.rollout.engine import RolloutEngine
@@ -110,7 +111,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 async def start_grpc_server(engine: RolloutEngine, receiver: WeightReceiver, host: str, port: int, token: str) -> tuple[grpc.aio.Server, int]:
     """Starts the Rollout and health services; returns the server and the port it bound."""
     server = grpc.aio.server(
-        interceptors=[AsyncTokenInterceptor(token, PROTECTED_METHODS)],
+        interceptors=[AsyncTokenInterceptor(token, PROTECTED_METHODS), AsyncDecodeErrorInterceptor()],
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
     rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(engine, receiver), server)

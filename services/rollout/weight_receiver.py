@@ -93,6 +93,7 @@ class WeightReceiver:
     def __init__(self, engine: RolloutEngine, spec: dict[str, TensorSpec], token: str):
         self.engine = engine
         self.spec = spec
+        self.model_nbytes = sum(t.nbytes for t in spec.values())  # no bucket can be larger than the whole model
         self.token = token
         self._lock = asyncio.Lock()
 
@@ -169,6 +170,11 @@ class WeightReceiver:
         if chunk.bucket_index != push.buckets_done or chunk.bucket_index >= push.num_buckets:
             raise InvalidArgument(
                 "bucket_index", f"expected bucket {push.buckets_done} of {push.num_buckets}, got {chunk.bucket_index}"
+            )
+        if not 0 < chunk.bucket_nbytes <= self.model_nbytes:
+            # checked before the buffer is allocated: a huge bucket_nbytes must not exhaust memory
+            raise InvalidArgument(
+                "bucket_nbytes", f"must be in [1, {self.model_nbytes}] (the served model's bytes), got {chunk.bucket_nbytes}"
             )
         for meta in chunk.tensors:
             self._check_tensor(push, meta, chunk.bucket_nbytes)

@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.auth import TokenInterceptor
 from services.common.errors import FailedPrecondition, InvalidArgument, grpc_abort
+from services.common.grpc_decode import DecodeErrorInterceptor
 from services.common.pb import trainer_pb2, trainer_pb2_grpc
 from services.trainer.control import TrainerControl
 
@@ -57,7 +58,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
 
 def start_server(control: TrainerControl, host: str, port: int, token: str = "") -> tuple[grpc.Server, int]:
     """Starts Trainer + health on host:port (0: any free port); returns the server and its bound port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenInterceptor(token, PROTECTED_METHODS)])
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenInterceptor(token, PROTECTED_METHODS), DecodeErrorInterceptor()])
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(control), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

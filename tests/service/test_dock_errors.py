@@ -52,22 +52,25 @@ def dock(dock_factory):
     (lambda d: d.claim("nobody", ["prompts"]), InvalidArgument, "count: no dispatch size is configured for consumer 'nobody'"),
     (lambda d: d.begin_iteration(3), InvalidArgument, r"target_groups: must be in \[1, capacity_groups=2\]"),
 ], ids=["put-unknown-column", "claim-unknown-column", "claim-unknown-partial-column", "wrong-dtype", "wrong-shape-2d", "wrong-shape-scalar", "float-into-int", "count-not-multiple-of-n", "count-zero", "index-out-of-range", "negative-index", "duplicate-index", "value-count-mismatch", "bad-consumer-name", "no-dispatch-size", "target-over-capacity"])
-def test_bad_input_raises_a_clear_error_and_changes_nothing(dock, call, error, match):
+def test_bad_input_raises_a_clear_error_and_changes_nothing(dock, call, error, match, request, fault_log):
     before = _snapshot(dock)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as raised:
         call(dock)
-    assert _snapshot(dock) == before
+    fault_log.check("dock input", request.node.callspec.id, f"{error.__name__} matching {match!r}, no key changed",
+                    f"{type(raised.value).__name__}: {str(raised.value)[:100]}; keys {'unchanged' if _snapshot(dock) == before else 'CHANGED'}",
+                    _snapshot(dock) == before)
 
 
-def test_a_bad_value_late_in_a_put_writes_none_of_the_good_ones(dock):
+def test_a_bad_value_late_in_a_put_writes_none_of_the_good_ones(dock, fault_log):
     before = _snapshot(dock)
     values = [np.arange(3, dtype=np.float32)] * 7 + [np.arange(3, dtype=np.float64)]
     with pytest.raises(InvalidArgument, match=r"columns.old_log_prob\[7\]: dtype float64"):
         dock.put(list(range(8)), {"response_length": [3] * 8, "old_log_prob": values})
-    assert _snapshot(dock) == before
+    fault_log.check("dock input", "a put of 8 rows whose last value has the wrong dtype", "InvalidArgument, none of the 7 good rows written",
+                    f"keys {'unchanged' if _snapshot(dock) == before else 'CHANGED'}", _snapshot(dock) == before)
 
 
-def test_a_put_with_one_stale_row_writes_nothing(dock_factory):
+def test_a_put_with_one_stale_row_writes_nothing(dock_factory, fault_log):
     dock = dock_factory(DockLayout(n_samples_per_prompt=1, capacity_groups=4), lease_seconds=0.2)
     dock.put([0, 1, 2, 3], {"prompts": [[1]] * 4})
     first = dock.claim("actor_rollout", ["prompts"], 2)
@@ -77,7 +80,8 @@ def test_a_put_with_one_stale_row_writes_nothing(dock_factory):
     before = _snapshot(dock)
     with pytest.raises(StaleLease, match="no longer holds rows 0,1"):
         dock.put(first.indexes, {"responses": [[1], [2]]}, lease=first.lease)
-    assert _snapshot(dock) == before
+    fault_log.check("dock input", "a put on an expired lease, one of its rows re-claimed by another worker", "StaleLease, nothing written",
+                    f"keys {'unchanged' if _snapshot(dock) == before else 'CHANGED'}", _snapshot(dock) == before)
 
 
 def test_writes_need_the_runs_token_reads_do_not(dock_factory):

@@ -1,0 +1,24 @@
+"""scripts/fault_table.py renders recorded rows: a summary per area and a table per area, pipes escaped."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.fault_log import FaultLog
+
+
+def test_recorded_rows_render_into_the_page(tmp_path):
+    log = FaultLog()
+    log.check("rollout", "a | b", "refused", "INVALID_ARGUMENT", True)
+    with pytest.raises(AssertionError, match=r"\[dock\] put: expected nothing written; observed 1 row"):
+        log.check("dock", "put", "nothing written", "1 row", False)
+    source = log.write(tmp_path / "rows.json")
+    assert [r["held"] for r in json.loads(source.read_text())] == [True, False]
+    out = tmp_path / "faults.md"
+    run = subprocess.run([sys.executable, "scripts/fault_table.py", "--json", str(source), "--out", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    page = out.read_text()
+    assert "1 of 2 held." in page and "| rollout | 1 | 1 |" in page and "| dock | 1 | 0 |" in page
+    assert "| a \\| b | refused | INVALID_ARGUMENT | yes |" in page and "| put | nothing written | 1 row | **NO** |" in page
