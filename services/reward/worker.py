@@ -119,6 +119,10 @@ class RewardWorker:
         log_event(logger, "dock worker started", replica=replica_id, consumer=CONSUMER, run=self.dock.keys.base)
         try:
             while not stop.is_set():
+                # Heartbeat first: waiting for the dock to exist must not let the registration expire.
+                if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
+                    registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
+                    last_beat = time.monotonic()
                 try:
                     report = self.step(wait_s=_CLAIM_WAIT_S)
                 except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait
@@ -129,9 +133,6 @@ class RewardWorker:
                     continue
                 waiting_for = ""
                 now = time.monotonic()
-                if now - last_beat > heartbeat_ttl_s / 3:
-                    registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
-                    last_beat = now
                 if report is None:
                     continue
                 rows += len(report.indexes)

@@ -80,5 +80,9 @@ class ReplicaSync:
 
     def reward_address(self) -> str:
         """A live reward replica from the registry, else the configured reward address."""
-        live = self._registry.live("reward")
-        return live[0].address if live else f"{self._cfg.reward.host}:{self._cfg.reward.grpc_port}"
+        live = [r for r in self._registry.live("reward") if r.address != "dock-only"]
+        if live:
+            return live[0].address
+        if not self._cfg.reward.grpc_port:
+            raise Unavailable("no reward replica with a gRPC address is registered, and reward.grpc_port is 0")
+        return f"{self._cfg.reward.host}:{self._cfg.reward.grpc_port}"
