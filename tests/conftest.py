@@ -45,7 +45,7 @@ def start_redis_server(directory: pathlib.Path, *flags: str, port: int | None = 
     With `password` the server requires it (`--requirepass`); the URL does not carry it.
     """
     if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
+        pytest.fail("redis-server is not installed: run scripts/setup.sh")
     port = port or free_port()
     proc = subprocess.Popen(
         ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--dir", str(directory), *flags,

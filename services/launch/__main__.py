@@ -1,6 +1,6 @@
-"""`python -m services.launch`: up, prepare, health."""
+"""`python -m services.launch up|prepare|health ...`: the same commands as `dockrl up|prepare|health`."""
 import sys
 
-from services.launch.cli import main
+from services.cli import main
 
 sys.exit(main())

@@ -68,14 +68,3 @@ COMMANDS = {
     "health": (add_health_arguments, run_health, "probe a dockrl gRPC server's grpc.health.v1 status"),
 }
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m services.launch {up,prepare,health} ...`."""
-    parser = argparse.ArgumentParser(prog="python -m services.launch", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (add, run, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        add(p)
-        p.set_defaults(func=run)
-    args = parser.parse_args(argv)
-    return args.func(args)

@@ -30,7 +30,7 @@ def _raise_interrupt(signum, frame):
     raise _Interrupted()
 
 
-def _health_address(spec_name: str, argv: tuple[str, ...]) -> str | None:
+def _health_address(argv: tuple[str, ...]) -> str | None:
     for flag in ("--grpc-port", "--port"):
         if flag in argv:
             return f"127.0.0.1:{argv[argv.index(flag) + 1]}"
@@ -86,7 +86,7 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
             group.start(spec)
             log_event(logger, "started", service=spec.name, log=str(group.log_dir / f"{spec.name}.log"))
         for spec in specs[:-1]:
-            address = _health_address(spec.name, spec.argv)
+            address = _health_address(spec.argv)
             deadline = time.monotonic() + start_timeout_s
             while not wait_serving(address, timeout_s=5.0):
                 failed = group.first_exit()

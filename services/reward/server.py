@@ -8,11 +8,12 @@ from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 
 from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, grpc_abort
 from services.common.grpc_decode import DecodeErrorInterceptor
+from services.common.grpc_serving import start_with_health
 from services.common.log import log_event
 from services.common.metrics import counter, histogram
 from services.common.pb import reward_pb2, reward_pb2_grpc
@@ -158,13 +159,6 @@ def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int) -> R
         RequestLimits(rc.max_items, rc.max_response_chars),
     )
     reward_pb2_grpc.add_RewardServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind the reward server to {host}:{port}")
-    server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    bound, health_servicer = start_with_health(server, host, port, SERVICE_NAME, "reward.grpc_port")
     log_event(logger, "reward server listening", host=host, port=bound, verifiers=",".join(cfg.rl_config.verifier_function))
     return RewardServer(server, bound, health_servicer)

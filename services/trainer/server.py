@@ -7,11 +7,11 @@ from __future__ import annotations
 from concurrent import futures
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.auth import TokenInterceptor
 from services.common.errors import FailedPrecondition, InvalidArgument, grpc_abort
 from services.common.grpc_decode import DecodeErrorInterceptor
+from services.common.grpc_serving import start_with_health
 from services.common.pb import trainer_pb2, trainer_pb2_grpc
 from services.trainer.control import TrainerControl
 
@@ -60,12 +60,5 @@ def start_server(control: TrainerControl, host: str, port: int, token: str = "")
     """Starts Trainer + health on host:port (0: any free port); returns the server and its bound port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenInterceptor(token, PROTECTED_METHODS), DecodeErrorInterceptor()])
     trainer_pb2_grpc.add_TrainerServicer_to_server(TrainerServicer(control), server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"trainer.grpc_port: cannot bind {host}:{port}")
-    server.start()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    bound, _ = start_with_health(server, host, port, SERVICE_NAME, "trainer.grpc_port")
     return server, bound

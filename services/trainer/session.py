@@ -95,7 +95,7 @@ class TrainerSession:
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             _, world = _world()
             control.checkpoint_handler = session._checkpoint_handler if world == 1 else None
-            session.server, bound = start_server(control, host or cfg.trainer.host, cfg.trainer.grpc_port if port is None else port, token)
+            session.server, _ = start_server(control, host or cfg.trainer.host, cfg.trainer.grpc_port if port is None else port, token)
             control.record_step(session.step, {}, session.version)
         return session
 
@@ -127,9 +127,15 @@ class TrainerSession:
             with torch.no_grad():
                 old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
             rollout = torch.zeros_like(old_logprobs)
-            for i, lp in enumerate(batch.rollout_logprobs):
+            current = torch.zeros_like(old_logprobs)  # 1 on tokens the current weights generated
+            for i, (lp, versions) in enumerate(zip(batch.rollout_logprobs, batch.versions)):
                 rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)])
-            metrics["train_rollout_logprob_diff"] = float(masked_mean((old_logprobs - rollout).abs(), mask))
+                current[i, : len(versions)] = (torch.tensor(versions[: current.size(1)]) == self.version).float()
+            # Only tokens of the same weights can agree; older ones (partial rollout) are off-policy by design.
+            same = mask * current
+            if same.sum() > 0:
+                metrics["train_rollout_logprob_diff"] = float(masked_mean((old_logprobs - rollout).abs(), same))
+            metrics["rollout/off_policy_token_fraction"] = float(1 - same.sum() / mask.sum())
         ref_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():

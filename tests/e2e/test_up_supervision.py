@@ -32,6 +32,10 @@ def _children(pid: int) -> set[int]:
     return out
 
 
+def _parent(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+
 def test_a_dead_service_stops_the_run_with_an_error_and_leaves_no_orphans(warm_model, tmp_path):
     log_dir = tmp_path / "logs"
     argv = [sys.executable, "-m", "services", "up", str(ROOT / "configs/tiny_cpu.yaml"),
@@ -48,7 +52,9 @@ def test_a_dead_service_stops_the_run_with_an_error_and_leaves_no_orphans(warm_m
             assert time.monotonic() < deadline, "the run did not reach step 2"
             time.sleep(1)
         family = _children(up.pid)
-        reward = [p for p in family if "services.reward" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")]
+        # The reward service itself (a direct child of dockrl up), not one of its verifier workers.
+        reward = [p for p in family if _parent(p) == up.pid
+                  and "services.reward serve" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")]
         assert reward, "no reward process under dockrl up"
         os.kill(reward[0], signal.SIGKILL)
         code = up.wait(timeout=120)

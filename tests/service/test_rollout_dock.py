@@ -36,7 +36,7 @@ def dock():
     try:
         client.ping()
     except redis.ConnectionError:
-        pytest.skip(f"no Redis at {REDIS_URL}")
+        pytest.fail(f"no Redis at {REDIS_URL}: start one with scripts/ensure_redis.sh")
     dock = Dock(client, DOCK_PREFIX, DOCK_RUN, TOKEN)
     yield dock
     dock.destroy()

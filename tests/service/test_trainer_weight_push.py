@@ -1,7 +1,6 @@
 """Weight push from the megatron model to real rollout replicas (vLLM) over gRPC: chain and fan-out.
 
-Needs the rollout service (services/rollout); skipped where it is not part of the tree. The
-check is the one DESIGN.md asks every run to log: after a push, the rollout's log-probs of its
+The check is the one DESIGN.md asks every run to log: after a push, the rollout's log-probs of its
 own samples match the trainer's to 1e-3 (train_rollout_logprob_diff).
 """
 import json
@@ -15,7 +14,6 @@ import grpc
 import pytest
 import torch
 
-pytest.importorskip("services.rollout.server", reason="the rollout service is not in this tree")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "unit"))
 from trainer_helpers import megatron_tp1, tiny_hf_model  # noqa: E402
 

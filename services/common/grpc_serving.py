@@ -1,0 +1,20 @@
+"""Starting a synchronous gRPC server the same way everywhere: bind, start, report SERVING."""
+from __future__ import annotations
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+
+def start_with_health(server: grpc.Server, host: str, port: int, service_name: str, what: str) -> tuple[int, health.HealthServicer]:
+    """Adds grpc.health.v1, binds host:port (0: a free port), starts, and marks the server and
+    `service_name` SERVING; returns the bound port and the health servicer. `what` names the
+    config key for the bind error."""
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"{what}: cannot bind {host}:{port}")
+    server.start()
+    for name in ("", service_name):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return bound, health_servicer
