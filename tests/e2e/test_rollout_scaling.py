@@ -48,6 +48,7 @@ def test_replica_joins_mid_run_and_leaves(warm_model, tmp_path):
             cwd=ROOT, env=env, stdout=open(tmp_path / "joiner.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         _wait_for(lambda: any(r.get("weight_sync/replicas") == 2 for r in _records(metrics)), 300, "the second replica in a push", up)
         joined_at = next(r["step"] for r in _records(metrics) if r.get("weight_sync/replicas") == 2)
+        _wait_for(lambda: "claim done" in (tmp_path / "joiner.log").read_text(), 300, "the joiner to take work", up)
         os.killpg(joiner.pid, signal.SIGTERM)
         assert joiner.wait(timeout=60) == 0
         log = (tmp_path / "joiner.log").read_text()
