@@ -53,12 +53,13 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
     logger = setup_logging("trainer")
     token = resolve_token(cfg.auth)
     mt, rl = cfg.megatron_training, cfg.rl_config
-    session = TrainerSession.start(cfg, token, resume=resume, host=host, port=port)
+    prompts = load_prompts(mt.data_path)
+    session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
     leader = session.is_leader
     dock = Dock.from_config(cfg, token=token) if leader else None
     if leader and (not resume or not dock.client.exists(dock.keys.meta)):
         dock.create(DockLayout.from_config(cfg))
-    stream = PromptStream(load_prompts(mt.data_path), mt.seed, shuffle=not rl.guarantee_order)
+    stream = PromptStream(prompts, mt.seed, shuffle=not rl.guarantee_order)
     stream.state.cursor = session.prompt_cursor
     eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
     run_log = RunLog(cfg.trainer.log_dir, rl.use_tensorboard) if leader else None

@@ -58,10 +58,12 @@ class TrainerSession:
     num_prompts: int = 1
 
     @classmethod
-    def start(cls, cfg: Config, token: str, resume: bool = False, host: str | None = None, port: int | None = None) -> "TrainerSession":
-        """Builds the model from megatron_training.load (or the last checkpoint with `resume`) and starts the control server."""
-        from services.common.preprocess import load_prompts
+    def start(cls, cfg: Config, token: str, num_prompts: int, resume: bool = False, host: str | None = None,
+              port: int | None = None) -> "TrainerSession":
+        """Builds the model from megatron_training.load (or the last checkpoint with `resume`) and starts the control server.
 
+        `num_prompts` is the dataset's size: the data cursor of a checkpoint is (epoch, index) in it.
+        """
         mt, rl = cfg.megatron_training, cfg.rl_config
         init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
         dtype = torch.bfloat16 if mt.bf16 else torch.float32
@@ -80,7 +82,7 @@ class TrainerSession:
         optimizer, scheduler = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
         control = TrainerControl(mt.train_iters)
         session = cls(cfg, token, layout, model, ref_model, optimizer, scheduler, update_cfg, control,
-                      num_prompts=max(1, len(load_prompts(mt.data_path))))
+                      num_prompts=max(1, num_prompts))
         if rl.adv_estimator == "gae":
             session.critic = build_critic(layout, hf_state, dtype, seed=mt.seed)
             session.critic_optimizer, session.critic_scheduler = build_critic_optimizer(session.critic, mt, mt.train_iters * steps_per_iter)
