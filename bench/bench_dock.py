@@ -1,119 +1,193 @@
-"""Dock put + claim throughput vs. plain redis-py SET/GET pipelines moving the same bytes.
+"""The dock's traffic for one GRPO iteration vs. plain redis-py pipelines moving the same bytes.
 
-One iteration's worth of rows (GBS * n = 4096) with 6 columns goes into the dock in one put and
-comes out in claims of `--dispatch` rows; the baseline SETs the same encoded values under one
-key each in a pipeline and GETs them back. Both run side by side in each repetition; the
-figures are medians.
+One iteration of a run, as the services do it through `services.dock.client.Dock` (real Redis,
+real Lua scripts), at GBS*n rows:
+  1. trainer: begin_iteration, put the prompts (prompts, prompt_length, labels)
+  2. rollout workers: claim prompts, put responses, response_length, rollout_log_probs, versions, finish_reason
+  3. reward workers: claim prompts, responses, response_length, labels; put rm_scores
+  4. trainer: claim prompts, responses, rm_scores, rollout_log_probs, versions; ack
+Workers claim in `--claims` dispatches per consumer (as that many replicas would). The baseline is
+what a person would write instead: SET every encoded value in one pipeline per step and MGET the
+same values back in the same chunks, with no flags, leases or checks. The two run side by side,
+interleaved, on a private redis-server (the shared one is left alone); figures are medians.
 
-    python -m bench.bench_dock --quick            # 3 repetitions, shorter sequences
-    python -m bench.bench_dock --redis-url redis://127.0.0.1:6379/0
+Prints put+claim rows/s of both and the dock's per-iteration overhead over plain pipelines. The
+share of a real iteration's wall time spent in the dock (goal < 2%) is measured by
+bench/bench_e2e.py, which runs this same iteration at the tiny run's size next to a real run.
+
+    python bench/bench_dock.py --quick                # 256 and 4096 rows, short sequences (CI)
+    python bench/bench_dock.py                        # 256, 4096, 32768 rows; 128-token prompts, 256-token responses
+    python bench/bench_dock.py --redis-url redis://127.0.0.1:6379/0   # an existing Redis instead of a private one
 """
 from __future__ import annotations
 
-import argparse
-import statistics
+import contextlib
+import sys
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
-import redis
 
-from services.dock import codec
-from services.dock.client import Dock
-from services.dock.schema import ColumnSpec, DockLayout
+from common import interleaved, machine_line, median, parser, private_redis, progress, ratio, work_dir
 
-GBS, N = 512, 8  # 4096 rows
-COLUMNS = (
-    ColumnSpec("prompts", "int32", (None,)),
-    ColumnSpec("responses", "int32", (None,)),
-    ColumnSpec("rollout_log_probs", "float32", (None,)),
-    ColumnSpec("old_log_prob", "float32", (None,)),
-    ColumnSpec("advantages", "float32", (None,)),
-    ColumnSpec("rm_scores", "float32"),
-)
+N = 8  # samples per prompt
+PROMPT_COLUMNS = ("prompts", "prompt_length", "labels")
+ROLLOUT_COLUMNS = ("responses", "response_length", "rollout_log_probs", "versions", "finish_reason")
+REWARD_READS = ("prompts", "responses", "response_length", "labels")
+TRAIN_READS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
 
 
-def make_rows(prompt_len: int, response_len: int, seed: int = 0) -> dict[str, list[np.ndarray]]:
-    """Per column, one value per row: token ids and per-token floats, plus a scalar score."""
-    rng = np.random.default_rng(seed)
-    rows = GBS * N
-    tokens = lambda length: [rng.integers(0, 32000, length, dtype=np.int32) for _ in range(rows)]  # noqa: E731
-    floats = lambda: [rng.standard_normal(response_len, dtype=np.float32) for _ in range(rows)]  # noqa: E731
-    return {
-        "prompts": tokens(prompt_len), "responses": tokens(response_len), "rollout_log_probs": floats(),
-        "old_log_prob": floats(), "advantages": floats(), "rm_scores": [np.float32(v) for v in rng.random(rows)],
-    }
+@dataclass
+class IterationData:
+    """Every value one iteration puts, per column, one per row ([rows] lists)."""
+
+    rows: int
+    values: dict[str, list]
+
+    @classmethod
+    def make(cls, rows: int, prompt_len: int, response_len: int, seed: int = 0) -> IterationData:
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(1, response_len + 1, rows)
+        return cls(rows, {
+            "prompts": [rng.integers(0, 32000, prompt_len, dtype=np.int32) for _ in range(rows)],
+            "prompt_length": [prompt_len] * rows,
+            "labels": [str(v) for v in rng.integers(0, 100, rows)],
+            "responses": [rng.integers(0, 32000, n, dtype=np.int32) for n in lengths],
+            "response_length": [int(n) for n in lengths],
+            "rollout_log_probs": [rng.standard_normal(n, dtype=np.float32) for n in lengths],
+            "versions": [np.zeros(n, np.int32) for n in lengths],
+            "finish_reason": ["stop"] * rows,
+            "rm_scores": [float(v) for v in rng.random(rows)],
+        })
+
+    def columns(self, names, rows: list[int]) -> dict[str, list]:
+        return {name: [self.values[name][r] for r in rows] for name in names}
 
 
-def run_dock(dock: Dock, values: dict[str, list[np.ndarray]], dispatch: int) -> float:
-    """Seconds for one put of every row and claims of `dispatch` rows until the pool is drained."""
-    dock.clear()
-    rows = list(range(GBS * N))
+def dock_iteration(dock, data: IterationData, claims: int) -> float:
+    """Seconds for one iteration's dock calls, every consumer in turn (the sum of what all services spend in the dock)."""
+    rows = data.rows
+    dispatch = max(N, rows // claims // N * N)
     start = time.perf_counter()
-    dock.put(rows, values)
+    groups = dock.begin_iteration(rows // N)
+    put_rows = dock.rows_of(groups)
+    dock.put(put_rows, data.columns(PROMPT_COLUMNS, put_rows))
+    while (c := dock.claim("actor_rollout", ["prompts"], dispatch)) is not None:
+        dock.put(c.indexes, data.columns(ROLLOUT_COLUMNS, c.indexes), lease=c.lease, version=0)
+    while (c := dock.claim("rule_reward", REWARD_READS, dispatch)) is not None:
+        dock.put(c.indexes, {"rm_scores": [data.values["rm_scores"][r] for r in c.indexes]}, lease=c.lease)
     taken = 0
-    while (claim := dock.claim("actor_train", list(values), dispatch)) is not None:
-        taken += len(claim)
-        dock.ack(claim.lease, claim.indexes)
-    elapsed = time.perf_counter() - start
-    assert taken == len(rows), f"claimed {taken} of {len(rows)} rows"
-    return elapsed
+    while (c := dock.claim("actor_train", TRAIN_READS, dispatch)) is not None:
+        dock.ack(c.lease, c.indexes)
+        taken += len(c)
+    seconds = time.perf_counter() - start
+    assert taken == rows, f"the trainer claimed {taken} of {rows} rows"
+    return seconds
 
 
-def run_plain(client: redis.Redis, prefix: str, blobs: list[bytes], dispatch_values: int) -> float:
-    """Seconds to SET every blob in one pipeline and GET them back in pipelines of the dock's claim size."""
-    keys = [f"{prefix}:plain:{i}" for i in range(len(blobs))]
-    start = time.perf_counter()
-    pipe = client.pipeline(transaction=False)
-    for key, blob in zip(keys, blobs):
-        pipe.set(key, blob)
-    pipe.execute()
-    got = 0
-    for first in range(0, len(keys), dispatch_values):
+def plain_iteration(client, prefix: str, blobs: dict[str, list[bytes]], claims: int) -> float:
+    """Seconds to SET and MGET the same encoded values in the same steps and chunks, with plain pipelines."""
+    rows = len(blobs["prompts"])
+    dispatch = max(N, rows // claims // N * N)
+    chunks = [range(first, min(first + dispatch, rows)) for first in range(0, rows, dispatch)]
+
+    def key(column: str, row: int) -> str:
+        return f"{prefix}:{column}:{row}"
+
+    def write(columns, row_range) -> None:
         pipe = client.pipeline(transaction=False)
-        for key in keys[first:first + dispatch_values]:
-            pipe.get(key)
-        got += sum(len(b) for b in pipe.execute())
-    elapsed = time.perf_counter() - start
-    assert got == sum(len(b) for b in blobs)
-    client.delete(*keys)
-    return elapsed
+        for name in columns:
+            for r in row_range:
+                pipe.set(key(name, r), blobs[name][r])
+        pipe.execute()
+
+    def read(columns, row_range) -> int:
+        pipe = client.pipeline(transaction=False)
+        for name in columns:
+            pipe.mget([key(name, r) for r in row_range])
+        return sum(len(v) for reply in pipe.execute() for v in reply)
+
+    start = time.perf_counter()
+    write(PROMPT_COLUMNS, range(rows))
+    for chunk in chunks:
+        read(("prompts",), chunk)
+        write(ROLLOUT_COLUMNS, chunk)
+    for chunk in chunks:
+        read(REWARD_READS, chunk)
+        write(("rm_scores",), chunk)
+    got = sum(read(TRAIN_READS, chunk) for chunk in chunks)
+    seconds = time.perf_counter() - start
+    assert got == sum(len(b) for name in TRAIN_READS for b in blobs[name])
+    client.delete(*[key(name, r) for name in blobs for r in range(rows)])
+    return seconds
+
+
+def new_dock(client, rows: int):
+    """A dock of `rows` rows (GBS*n) with the default columns under a fresh prefix."""
+    from services.dock.client import Dock
+    from services.dock.schema import DockLayout
+
+    dock = Dock(client, f"bench-{uuid.uuid4().hex[:8]}", "run", poll_s=0.001)
+    dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=rows // N))
+    return dock
+
+
+def measure(client, rows: int, prompt_len: int, response_len: int, claims: int, reps: int) -> dict[str, list[float]]:
+    """Interleaved dock and plain iterations at `rows` rows; seconds per path."""
+    from services.dock import codec
+
+    data = IterationData.make(rows, prompt_len, response_len)
+    blobs = {name: [codec.encode(codec.to_array(v, spec_dtype(name), name)) for v in values] for name, values in data.values.items()}
+    dock = new_dock(client, rows)
+    try:
+        return interleaved({
+            "dock": lambda: dock_iteration(dock, data, claims),
+            "plain": lambda: plain_iteration(client, dock.keys.base + "plain", blobs, claims),
+        }, reps, warmups=1, label=f"{rows} rows: ")
+    finally:
+        dock.destroy()
+
+
+def spec_dtype(column: str) -> str:
+    from services.dock.schema import DEFAULT_COLUMNS
+
+    return next(c.dtype for c in DEFAULT_COLUMNS if c.name == column)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", help="Redis to measure against")
-    parser.add_argument("--quick", action="store_true", help="3 repetitions with 128 prompt / 256 response tokens")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 7, or 3 with --quick)")
-    parser.add_argument("--dispatch", type=int, default=256, help="rows per claim (a multiple of n=8; default 256)")
-    args = parser.parse_args()
-    reps = args.reps or (3 if args.quick else 7)
-    prompt_len, response_len = (128, 256) if args.quick else (256, 1024)
+    p = parser(__doc__, "256 and 4096 rows, 32-token prompts, 64-token responses, 3 repetitions (CI)")
+    p.add_argument("--redis-url", default="", help="measure against this Redis (default: start a private redis-server on a free port)")
+    p.add_argument("--rows", type=int, nargs="+", default=None, help="GBS*n rows per iteration (default 256 4096 32768; --quick 256 4096)")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128; --quick 32)")
+    p.add_argument("--response-len", type=int, default=None, help="longest response; lengths are uniform in [1, this] (default 256; --quick 64)")
+    p.add_argument("--claims", type=int, default=8, help="claims per consumer per iteration, as that many workers would take (default 8)")
+    args = p.parse_args()
+    reps = args.reps or (3 if args.quick else 5)
+    sizes = args.rows or ([256, 4096] if args.quick else [256, 4096, 32768])
+    prompt_len = args.prompt_len or (32 if args.quick else 128)
+    response_len = args.response_len or (64 if args.quick else 256)
+    if any(r % N for r in sizes):
+        p.error(f"--rows: each must be a multiple of n={N}")
 
-    client = redis.Redis.from_url(args.redis_url)
-    prefix = f"bench-{uuid.uuid4().hex[:8]}"
-    dock = Dock(client, prefix, "run")
-    dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=GBS, columns=COLUMNS))
-    values = make_rows(prompt_len, response_len)
-    blobs = [codec.encode(v) for name in values for v in values[name]]
-    total_mb = sum(len(b) for b in blobs) / 1e6
-    print(f"{GBS * N} rows x {len(COLUMNS)} columns, {total_mb:.1f} MB per pass, claims of {args.dispatch} rows, {reps} reps")
-    dock_s, plain_s = [], []
-    try:
-        for rep in range(reps):
-            dock_s.append(run_dock(dock, values, args.dispatch))
-            plain_s.append(run_plain(client, prefix, blobs, args.dispatch * len(COLUMNS)))
-            print(f"  rep {rep + 1}/{reps}: dock {dock_s[-1]:.3f} s, plain SET/GET {plain_s[-1]:.3f} s", flush=True)
-    finally:
-        dock.destroy()
-    d, p = statistics.median(dock_s), statistics.median(plain_s)
-    rows = GBS * N
-    print(f"dock put+claim : {d:.3f} s  {rows / d:,.0f} rows/s  {total_mb / d:,.0f} MB/s")
-    print(f"plain SET/GET  : {p:.3f} s  {rows / p:,.0f} rows/s  {total_mb / p:,.0f} MB/s")
-    print(f"ratio dock/plain throughput: {p / d:.2f} (of medians); {statistics.median(q / e for q, e in zip(plain_s, dock_s)):.2f} "
-          "(median of per-rep ratios, steadier on a loaded machine)")
+    import redis
+
+    with contextlib.ExitStack() as stack:
+        url = args.redis_url or stack.enter_context(private_redis(work_dir("dock")))
+        client = redis.Redis.from_url(url)
+        progress(f"redis {url}; rows {sizes}, {prompt_len}-token prompts, responses 1..{response_len} tokens, "
+                 f"{args.claims} claims per consumer, {reps} reps")
+        results = {rows: measure(client, rows, prompt_len, response_len, args.claims, reps) for rows in sizes}
+
+    print(machine_line())
+    print(f"{'GBS*n':>7}{'dock s/iter':>13}{'plain s/iter':>14}{'dock rows/s':>13}{'plain rows/s':>14}{'overhead s/iter':>17}")
+    for rows, times in results.items():
+        d, q = median(times["dock"]), median(times["plain"])
+        print(f"{rows:>7}{d:>13.3f}{q:>14.3f}{rows / d:>13,.0f}{rows / q:>14,.0f}{d - q:>17.3f}")
+    for rows, times in results.items():
+        ratio(f"dock / plain pipelines rows/s at GBS*n={rows}", median(times["plain"]) / median(times["dock"]))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(main())

@@ -3,28 +3,27 @@
 The service path is the real one: a client on loopback, Reward.Score in batches of `--batch`
 with `--concurrency` requests in flight, the server's process pool (`--parallel` workers, a
 deadline per verifier). The in-process path calls the same
-verifiers in one thread with no isolation and no deadline. Each is timed `--repeats` times; the
+verifiers in one thread with no isolation and no deadline. Each is timed `--reps` times; the
 medians and their ratio (service / in-process) are printed, and both paths' scores must agree.
 
-    python bench/bench_reward.py --quick
+    python bench/bench_reward.py --quick      # 256 samples (CI)
+    python bench/bench_reward.py              # 2048 samples
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import random
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from common import machine_line, parser, progress, ratio
 
-from services.common.config import config_from_dict  # noqa: E402
-from services.reward.client import RewardClient  # noqa: E402
-from services.reward.pool import InProcessRunner, VerifierPool  # noqa: E402
-from services.reward.scoring import ScoreInput, ScoringPlan, score_samples  # noqa: E402
-from services.reward.server import start_server  # noqa: E402
+from services.common.config import config_from_dict
+from services.reward.client import RewardClient
+from services.reward.pool import InProcessRunner, VerifierPool
+from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+from services.reward.server import start_server
 
 VERIFIERS = ("acc", "strict_format", "math_17k_acc", "acc_for_dapo")
 
@@ -59,16 +58,14 @@ def time_it(fn) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="256 samples, 3 repeats (default 2048 samples, 5 repeats)")
-    parser.add_argument("--samples", type=int, help="samples per repetition")
-    parser.add_argument("--repeats", type=int, help="timed repetitions per path")
-    parser.add_argument("--batch", type=int, default=64, help="items per Score request (default 64)")
-    parser.add_argument("--parallel", type=int, default=2, help="verifier worker processes (default 2)")
-    parser.add_argument("--concurrency", type=int, default=2, help="Score requests in flight at once (default 2)")
-    args = parser.parse_args()
+    p = parser(__doc__, "256 samples, 3 repetitions (default 2048 samples, 5 repetitions)")
+    p.add_argument("--samples", type=int, help="samples per repetition (default 2048; --quick 256)")
+    p.add_argument("--batch", type=int, default=64, help="items per Score request (default 64)")
+    p.add_argument("--parallel", type=int, default=2, help="verifier worker processes (default 2)")
+    p.add_argument("--concurrency", type=int, default=2, help="Score requests in flight at once (default 2)")
+    args = p.parse_args()
     samples = args.samples or (256 if args.quick else 2048)
-    repeats = args.repeats or (3 if args.quick else 5)
+    repeats = args.reps or (3 if args.quick else 5)
 
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "verifier_function": list(VERIFIERS),
                                           "verifier_weight": [1.0] * len(VERIFIERS),
@@ -85,19 +82,22 @@ def main() -> int:
         with RewardClient(f"127.0.0.1:{server.port}") as client, ThreadPoolExecutor(args.concurrency) as requests:
             served = [r for batch in batches for r in client.score(batch)]
             # alternate the two paths so both see the same load on a shared machine
-            for _ in range(repeats):
+            for rep in range(repeats):
                 local_times.append(time_it(lambda: score_samples(inputs, plan, in_process)))
                 service_times.append(time_it(lambda: list(requests.map(client.score, batches))))
+                progress(f"rep {rep + 1}/{repeats}: in-process {local_times[-1]:.3f} s, service {service_times[-1]:.3f} s")
         server.stop()
 
     mismatched = sum(abs(a.total - b.total) > 1e-6 for a, b in zip(reference, served))
     local_rate = samples / statistics.median(local_times)
     service_rate = samples / statistics.median(service_times)
+    print(machine_line())
     print(f"reward bench: {samples} samples x {len(VERIFIERS)} verifiers ({', '.join(VERIFIERS)}), "
           f"{repeats} repeats, batch {args.batch}, {args.concurrency} requests in flight, {args.parallel} workers")
     print(f"  in-process verifiers : {local_rate:9.1f} samples/s  (median {statistics.median(local_times):.3f} s)")
     print(f"  gRPC service         : {service_rate:9.1f} samples/s  (median {statistics.median(service_times):.3f} s)")
-    print(f"  ratio service / in-process: {service_rate / local_rate:.2f}x   score mismatches: {mismatched}")
+    print(f"  score mismatches: {mismatched}")
+    ratio("reward service / in-process verifiers samples/s", service_rate / local_rate)
     return 1 if mismatched else 0
 
 

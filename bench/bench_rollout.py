@@ -1,11 +1,16 @@
 """Tokens/s through the rollout server's gRPC and HTTP APIs vs. vLLM offline `LLM.generate`.
 
-Same model, engine settings, prompts and sampling params (greedy, EOS ignored, so every run
-generates the same number of tokens); all prompts of a repetition are in flight at once.
-Both engines stay resident and the repetitions are interleaved (offline, gRPC, HTTP, offline, ...),
-so load from other jobs hits every path alike. Prints medians and the ratio to offline vLLM.
+Same model, engine settings, prompts and sampling params (greedy, EOS ignored, so every path
+generates the same number of tokens; no logprobs), at each of --concurrency requests in flight (offline: one
+`LLM.generate` call over that many prompts). The offline engine runs in its own process and the
+server in its own; both stay resident and the repetitions are interleaved (offline, gRPC, HTTP,
+offline, ...), so load from other jobs hits every path alike. Prints the median tokens/s of each
+path and its ratio to offline vLLM (goal >= 0.95).
 
-    python bench/bench_rollout.py --quick
+    python bench/bench_rollout.py --quick                 # tiny model, CI
+    python bench/bench_rollout.py                         # tiny model, 128 tokens, 5 reps
+    python bench/bench_rollout.py --hidden 512 --layers 4 # a wider model (head_dim 64)
+    python bench/bench_rollout.py --device cuda           # Qwen2.5-0.5B-size model on a GPU
 """
 from __future__ import annotations
 
@@ -13,21 +18,24 @@ import argparse
 import asyncio
 import json
 import os
-import pathlib
-import statistics
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from common import REPO, QWEN25_05B, engine_env, engine_overrides, interleaved, median, model_size, progress, ratio
+from common import add_device_arg, build_model, machine_line, parser, start_replicas, stop_all, work_dir
 
-ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 64, "seed": 1234}
-# PASSIVE: an idle engine's OpenMP threads sleep instead of spinning on the cores the other engine uses
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_WAIT_POLICY": "PASSIVE"}
+GOAL = 0.95
 WARMUPS = 2  # untimed repetitions per path first (CPU kernels are built on first use of a shape)
+
+
+def engine_settings(device: str, max_seqs: int) -> dict:
+    """vLLM engine arguments both sides use; on CUDA each of the two engines gets under half the GPU."""
+    settings = {"dtype": "float32" if device == "cpu" else "bfloat16", "max_model_len": 512, "max_num_seqs": max_seqs, "seed": 1234}
+    if device == "cuda":
+        settings["gpu_memory_utilization"] = 0.4
+    return settings
 
 
 def prompts_for(count: int, length: int) -> list[list[int]]:
@@ -35,18 +43,19 @@ def prompts_for(count: int, length: int) -> list[list[int]]:
     return [[(97 + (i * 7 + j) % 26) for j in range(length)] for i in range(count)]
 
 
-def offline_worker(model: str, prompts: list[list[int]], max_tokens: int) -> None:
-    """Runs in a subprocess: one timed LLM.generate over all prompts per line read from stdin, printing `REP <seconds>`."""
+def offline_worker(model: str, prompts: list[list[int]], max_tokens: int, engine: dict) -> None:
+    """Runs in a subprocess: per line `N` read from stdin, one timed LLM.generate over the first N prompts; prints `REP <seconds>`."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=model, enforce_eager=True, **ENGINE)
+    llm = LLM(model=model, enforce_eager=True, **engine)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
     print("REP ready", flush=True)
-    for _ in sys.stdin:
+    for line in sys.stdin:
+        count = int(line)
         start = time.perf_counter()
-        outputs = llm.generate(batch, params, use_tqdm=False)
+        outputs = llm.generate(batch[:count], params, use_tqdm=False)
         seconds = time.perf_counter() - start
         assert all(len(o.outputs[0].token_ids) == max_tokens for o in outputs)
         print(f"REP {seconds}", flush=True)
@@ -55,10 +64,14 @@ def offline_worker(model: str, prompts: list[list[int]], max_tokens: int) -> Non
 class OfflineEngine:
     """The offline vLLM engine in its own process, timed one repetition at a time."""
 
-    def __init__(self, spec: dict, log_path: pathlib.Path):
+    def __init__(self, spec: dict, env: dict[str, str], log_path):
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--offline-worker", json.dumps(spec)], env={**os.environ, **ENV},
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=REPO)
+        self.proc = subprocess.Popen([sys.executable, __file__, "--offline-worker", json.dumps(spec)], env={**os.environ, **env},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=REPO,
+                                     start_new_session=True)
+
+    def wait_ready(self) -> None:
+        """Blocks until the engine has started (it starts while the server does)."""
         self._answer()
 
     def _answer(self) -> str:
@@ -67,38 +80,47 @@ class OfflineEngine:
                 return line[4:].strip()
         raise RuntimeError(f"the offline engine exited; see {self._log.name}")
 
-    def rep(self) -> float:
-        self.proc.stdin.write("go\n")
+    def rep(self, count: int) -> float:
+        self.proc.stdin.write(f"{count}\n")
         self.proc.stdin.flush()
         return float(self._answer())
 
     def close(self) -> None:
+        """Ends the worker (stdin closed); its process group (the engine core too) is killed if it lingers."""
         self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self._log.close()
 
 
 async def grpc_rep(target: str, prompts: list[list[int]], max_tokens: int) -> float:
+    """Seconds for every prompt as one concurrent unary Generate call each."""
     import grpc
 
     from services.common.pb import rollout_pb2, rollout_pb2_grpc
 
     async with grpc.aio.insecure_channel(target) as channel:
         stub = rollout_pb2_grpc.RolloutStub(channel)
-        sampling = rollout_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        # logprobs=0 asks for none, as offline and HTTP (unset, the server's default of 1 would add them)
+        sampling = rollout_pb2.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=0)
         start = time.perf_counter()
-        out = await asyncio.gather(*(stub.Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=p), sampling=sampling)) for p in prompts))
+        out = await asyncio.gather(*(stub.Generate(rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=p), sampling=sampling))
+                                     for p in prompts))
         seconds = time.perf_counter() - start
     assert all(len(r.completions[0].token_ids) == max_tokens for r in out)
     return seconds
 
 
-async def http_rep(base: str, model: str, prompts: list[list[int]], max_tokens: int) -> float:
+async def http_rep(base: str, prompts: list[list[int]], max_tokens: int) -> float:
+    """Seconds for every prompt as one concurrent POST /v1/completions each."""
     import httpx
 
     limits = httpx.Limits(max_connections=len(prompts))
     async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
-        body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        body = {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
         start = time.perf_counter()
         out = await asyncio.gather(*(client.post("/v1/completions", json={**body, "prompt": p}) for p in prompts))
         seconds = time.perf_counter() - start
@@ -107,60 +129,62 @@ async def http_rep(base: str, model: str, prompts: list[list[int]], max_tokens: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="16 prompts x 32 tokens, 5 repetitions")
-    parser.add_argument("--model", default="", help="HF model directory (default: build one of --hidden x --layers)")
-    parser.add_argument("--hidden", type=int, default=128, help="hidden size of the built model (128: the tiny model; else head_dim 64)")
-    parser.add_argument("--layers", type=int, default=2, help="layers of the built model")
-    parser.add_argument("--prompts", type=int, default=64, help="prompts in flight per repetition")
-    parser.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt")
-    parser.add_argument("--max-tokens", type=int, default=128, help="tokens generated per prompt")
-    parser.add_argument("--reps", type=int, default=5, help="timed repetitions per path (medians reported)")
-    parser.add_argument("--offline-worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    p = parser(__doc__, "tiny model, 16 tokens per request, 3 repetitions (CI)")
+    add_device_arg(p)
+    p.add_argument("--hidden", type=int, default=128, help="CPU: hidden size of the built model (128: the tiny model; else head_dim 64)")
+    p.add_argument("--layers", type=int, default=2, help="CPU: layers of the built model")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64], help="requests in flight, one measurement each (default 1 8 64)")
+    p.add_argument("--prompt-len", type=int, default=16, help="tokens per prompt (default 16)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens generated per request (default 128, or 16 with --quick)")
+    p.add_argument("--offline-worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
     if args.offline_worker:
         offline_worker(**json.loads(args.offline_worker))
         return 0
-    if args.quick:
-        args.prompts, args.max_tokens, args.reps = 16, 32, 5
+    reps = args.reps or (3 if args.quick else 5)
+    max_tokens = args.max_tokens or (16 if args.quick else 128)
+    size = QWEN25_05B if args.device == "cuda" else model_size(args.hidden, args.layers)
 
-    from services.rollout.launcher import spawn_replica
+    work = work_dir("rollout")
+    model = build_model(work / "model", size)
+    prompts = prompts_for(max(args.concurrency), args.prompt_len)
+    engine = engine_settings(args.device, max(args.concurrency))
+    progress(f"model {size.describe()} on {args.device}; concurrency {args.concurrency}, {args.prompt_len}-token prompts, "
+             f"{max_tokens} tokens each, {reps} reps")
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    model = args.model
-    if not model:
-        from rollout_bench_model import build_bench_model
-
-        model = str(build_bench_model(work / "model", args.hidden, args.layers))
-    prompts = prompts_for(args.prompts, args.prompt_len)
-    print(f"model={model} prompts={args.prompts}x{args.prompt_len} max_tokens={args.max_tokens} reps={args.reps}", flush=True)
-
-    # offline vLLM in its own process and our server, both resident; repetitions interleaved so load
-    # from other jobs on the machine hits every path alike
-    offline = OfflineEngine({"model": model, "prompts": prompts, "max_tokens": args.max_tokens}, work / "offline.log")
-    overrides = [f"generate_config.{k}={v}" for k, v in ENGINE.items()] + ["rollout.omp_threads_bind=nobind", "rollout.max_queue=1024"]
-    replica = spawn_replica(model, work, "bench", overrides, "bench", ENV).wait()
-    times: dict[str, list[float]] = {"vLLM offline": [], "gRPC Generate": [], "HTTP completions": []}
+    # offline vLLM and our server, both resident, starting at the same time
+    offline = OfflineEngine({"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "engine": engine},
+                            engine_env(args.device), work / "offline.log")
+    overrides = [f"generate_config.{k}={v}" for k, v in engine.items()] + ["rollout.max_queue=1024"]
+    overrides += [o for o in engine_overrides(args.device, 2, engine["dtype"]) if "dtype" not in o and "gpu_memory" not in o]
+    replicas = []
+    results = {}
     try:
-        for rep in range(WARMUPS + args.reps):
-            measured = {
-                "vLLM offline": offline.rep(),
-                "gRPC Generate": asyncio.run(grpc_rep(replica.grpc_target, prompts, args.max_tokens)),
-                "HTTP completions": asyncio.run(http_rep(replica.http_base, "bench", prompts, args.max_tokens)),
-            }
-            if rep >= WARMUPS:
-                for name, seconds in measured.items():
-                    times[name].append(seconds)
+        replicas = start_replicas(model, work, {"server": overrides}, engine_env(args.device))
+        server = replicas[0]
+        offline.wait_ready()
+        for c in args.concurrency:
+            batch = prompts[:c]
+            results[c] = interleaved({
+                "offline": lambda: offline.rep(c),
+                "gRPC": lambda: asyncio.run(grpc_rep(server.grpc_target, batch, max_tokens)),
+                "HTTP": lambda: asyncio.run(http_rep(server.http_base, batch, max_tokens)),
+            }, reps, WARMUPS, label=f"concurrency {c}: ")
     finally:
-        replica.stop()
+        stop_all(replicas)
         offline.close()
 
-    tokens = args.prompts * args.max_tokens
-    base = tokens / statistics.median(times["vLLM offline"])
-    print(f"{'path':<18}{'median tok/s':>14}{'vs offline':>12}   per-rep tok/s")
-    for name, reps in times.items():
-        rate = tokens / statistics.median(reps)
-        print(f"{name:<18}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in reps)}")
+    print(machine_line())
+    print(f"{'concurrency':>11}{'path':>8}{'median tok/s':>14}{'vs offline':>12}   per-rep tok/s")
+    for c, times in results.items():
+        tokens = c * max_tokens
+        base = tokens / median(times["offline"])
+        for name, seconds in times.items():
+            rate = tokens / median(seconds)
+            print(f"{c:>11}{name:>8}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in seconds)}")
+    for c, times in results.items():
+        for name in ("gRPC", "HTTP"):
+            ratio(f"{name} / offline tokens/s at concurrency {c}", median(times["offline"]) / median(times[name]), at_least=GOAL)
     return 0
 
 

@@ -1,33 +1,38 @@
-"""UpdateWeights bytes/s into a running rollout server vs. a raw loopback TCP socket moving the same bytes.
+"""Weight push of a whole model to 1, 2 and 4 rollout replicas, fan-out vs. chain, per bucket size,
+against a raw loopback TCP socket moving the same bytes.
 
-The push is the full model (every tensor, bucketed and chunked as the trainer sends it) and its
-time includes validation, staging in the vLLM worker and the in-place reload with generation
-paused. The raw socket sends the same bytes in the same chunk size to a reader that discards them:
-the floor any transport over loopback could reach. Prints medians and the ratio.
+The push is the trainer's own (`services.trainer.weight_push.push_weights`: buckets of
+`--buckets` MiB packed in a thread ahead of the wire, 4 MiB gRPC messages) into real rollout
+servers, and its time runs until every replica serves the new version: receive, staging in the
+vLLM worker, and the reload with generation paused. Fan-out sends one stream per replica; chain
+sends one stream to the first replica, which forwards each chunk down the chain as it arrives.
+The raw socket sends the model's bytes once, in the same message size, to a reader that discards
+them: the floor any transport over loopback could reach. Every configuration and the raw socket
+run once per repetition, interleaved; the figures are medians.
 
-    python bench/bench_weight_sync.py --quick
+Goal: a push to 4 replicas takes at most 1.3x a push to 1.
+
+    python bench/bench_weight_sync.py --quick      # ~14 MB model, 1 and 2 replicas, 1 and 16 MiB buckets (CI)
+    python bench/bench_weight_sync.py              # ~100 MB model, 1/2/4 replicas, 1/16/128 MiB buckets
+    python bench/bench_weight_sync.py --device cuda  # Qwen2.5-0.5B-size model (bf16) on a GPU
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
+import itertools
 import socket
-import statistics
 import sys
-import tempfile
 import threading
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from common import QWEN25_05B, add_device_arg, build_model, engine_env, engine_overrides, interleaved, machine_line, median
+from common import model_size, parser, progress, ratio, start_replicas, stop_all, work_dir
 
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+GOAL = 1.3
+MESSAGE_BYTES = 4 << 20  # the pusher's gRPC message size (services/trainer/weight_push.py)
 
 
-def raw_socket_seconds(payloads: list[bytes]) -> float:
-    """Seconds to move `payloads` through a loopback TCP connection to a discarding reader."""
-    total = sum(len(p) for p in payloads)
+def raw_socket_seconds(total: int, message: bytes) -> float:
+    """Seconds to move `total` bytes in `message`-sized sends through a loopback TCP connection to a discarding reader."""
     listener = socket.create_server(("127.0.0.1", 0))
     done = threading.Event()
 
@@ -35,10 +40,7 @@ def raw_socket_seconds(payloads: list[bytes]) -> float:
         conn, _ = listener.accept()
         received = 0
         with conn:
-            while received < total:
-                data = conn.recv(1 << 20)
-                if not data:
-                    break
+            while received < total and (data := conn.recv(1 << 20)):
                 received += len(data)
         done.set()
 
@@ -46,8 +48,8 @@ def raw_socket_seconds(payloads: list[bytes]) -> float:
     reader.start()
     with socket.create_connection(listener.getsockname()) as sender:
         start = time.perf_counter()
-        for payload in payloads:
-            sender.sendall(payload)
+        for offset in range(0, total, len(message)):
+            sender.sendall(message[:min(len(message), total - offset)])
         done.wait()
         seconds = time.perf_counter() - start
     listener.close()
@@ -55,64 +57,70 @@ def raw_socket_seconds(payloads: list[bytes]) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a ~14 MB model, 3 repetitions")
-    parser.add_argument("--hidden", type=int, default=512, help="hidden size of the generated model (128: the tiny model; else head_dim 64)")
-    parser.add_argument("--layers", type=int, default=8, help="layers of the generated model")
-    parser.add_argument("--bucket-mb", type=float, default=16, help="bucket size")
-    parser.add_argument("--chunk-mb", type=float, default=4, help="chunk (message) size")
-    parser.add_argument("--reps", type=int, default=5, help="timed repetitions (medians reported)")
-    args = parser.parse_args()
+    p = parser(__doc__, "~14 MB model, 1 and 2 replicas, 1 and 16 MiB buckets, 3 repetitions (CI)")
+    add_device_arg(p)
+    p.add_argument("--hidden", type=int, default=512, help="CPU: hidden size of the built model (128: the tiny model; else head_dim 64)")
+    p.add_argument("--layers", type=int, default=8, help="CPU: layers of the built model")
+    p.add_argument("--replicas", type=int, nargs="+", default=None, help="replica counts to push to (default 1 2 4; --quick 1 2)")
+    p.add_argument("--buckets", type=float, nargs="+", default=None, help="bucket sizes in MiB (default 1 16 128; --quick 1 16)")
+    args = p.parse_args()
     if args.quick:
-        args.hidden, args.layers, args.reps = 256, 4, 3
+        args.hidden, args.layers = 256, 4
+    reps = args.reps or (3 if args.quick else 5)
+    counts = args.replicas or ([1, 2] if args.quick else [1, 2, 4])
+    buckets = args.buckets or ([1, 16] if args.quick else [1, 16, 128])
+    size = QWEN25_05B if args.device == "cuda" else model_size(args.hidden, args.layers)
+    dtype = "float32" if args.device == "cpu" else "bfloat16"
 
-    import grpc
+    import torch
     from safetensors.torch import load_file
 
-    from rollout_bench_model import build_bench_model
-    from services.common.pb import rollout_pb2_grpc
-    from services.rollout.launcher import spawn_replica
-    from services.rollout.weight_chunks import weight_chunks
+    from services.trainer.weight_push import push_weights
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="bench-weights-"))
-    model = build_bench_model(work / "model", args.hidden, args.layers)
-    state = sorted(load_file(str(model / "model.safetensors")).items())
-    bucket, chunk = int(args.bucket_mb * 2**20), int(args.chunk_mb * 2**20)
-    chunks = list(weight_chunks(state, 1, bucket, chunk))
-    total = sum(len(c.data) for c in chunks)
-    print(f"model: hidden={args.hidden} layers={args.layers} tensors={len(state)} bytes={total / 1e6:.1f} MB "
-          f"buckets={chunks[0].num_buckets} chunks={len(chunks)} reps={args.reps}", flush=True)
+    work = work_dir("weights")
+    model = build_model(work / "model", size)
+    state = {name: t.to(getattr(torch, dtype)) if t.is_floating_point() else t
+             for name, t in sorted(load_file(str(model / "model.safetensors")).items())}
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    progress(f"model {size.describe()} on {args.device}: {len(state)} tensors, {total / 1e6:.1f} MB ({dtype}); "
+             f"replicas {counts}, buckets {buckets} MiB, {reps} reps")
 
-    replica = spawn_replica(model, work, "bench", ["generate_config.dtype=float32", "rollout.omp_threads_bind=nobind"], "bench", ENV).wait()
-    push_times, server_times, apply_times, raw_times = [], [], [], []
+    names = [f"r{i}" for i in range(max(counts))]
+    replicas = start_replicas(model, work, dict.fromkeys(names, engine_overrides(args.device, len(names), dtype)), engine_env(args.device))
+    addresses = [r.grpc_target for r in replicas]
+    version = itertools.count(1)
+
+    def push(k: int, mode: str, bucket_mb: float):
+        def run() -> float:
+            result = push_weights(state, addresses[:k], next(version), bucket_mb=bucket_mb, mode=mode)
+            assert not result.failed and result.replicas_updated == k, result
+            return result.seconds
+        return run
+
+    # k = 1 is the same push in both modes: measured once, as fan-out
+    configs = {(k, mode, b): push(k, mode, b) for b in buckets for k in counts for mode in ("fanout", "chain") if k > 1 or mode == "fanout"}
+    message = bytes(MESSAGE_BYTES)
+    paths = {"raw socket": lambda: raw_socket_seconds(total, message)}
+    paths.update({f"{mode} x{k} {b:g} MiB": run for (k, mode, b), run in configs.items()})
     try:
-        channel = grpc.insecure_channel(replica.grpc_target, options=[("grpc.max_send_message_length", 64 << 20)])
-        stub = rollout_pb2_grpc.RolloutStub(channel)
-        for version in range(args.reps + 1):  # the first push is a warm-up
-            for c in chunks:
-                c.version = version + 1
-            start = time.perf_counter()
-            response = stub.UpdateWeights(iter(chunks))
-            seconds = time.perf_counter() - start
-            assert response.bytes_received == total and response.version == version + 1
-            raw = raw_socket_seconds([c.data for c in chunks])
-            if version:
-                push_times.append(seconds)
-                server_times.append(response.seconds)
-                apply_times.append(response.apply_seconds)
-                raw_times.append(raw)
+        times = interleaved(paths, reps, warmups=1)
     finally:
-        replica.stop()
+        stop_all(replicas)
 
-    def mbps(times):
-        return total / statistics.median(times) / 1e6
-
-    print(f"{'path':<34}{'median MB/s':>12}{'vs raw':>9}")
-    for name, times in (("raw loopback socket", raw_times), ("UpdateWeights (client wall time)", push_times),
-                        ("UpdateWeights (server-side time)", server_times),
-                        ("  of which receive + stage", [s - a for s, a in zip(server_times, apply_times)]),
-                        ("  of which apply (paused)", apply_times)):
-        print(f"{name:<34}{mbps(times):>12.1f}{mbps(times) / mbps(raw_times):>8.3f}x")
+    raw = median(times["raw socket"])
+    print(machine_line())
+    print(f"raw loopback socket: {raw:.3f} s for {total / 1e6:.1f} MB, {total / raw / 1e6:,.0f} MB/s")
+    print(f"{'mode':<8}{'replicas':>9}{'bucket MiB':>11}{'median s':>10}{'MB/s delivered':>16}{'vs raw':>8}{'vs x1':>7}")
+    for (k, mode, b) in configs:
+        seconds = median(times[f"{mode} x{k} {b:g} MiB"])
+        one = median(times[f"fanout x1 {b:g} MiB"])
+        print(f"{mode:<8}{k:>9}{b:>11g}{seconds:>10.3f}{k * total / seconds / 1e6:>16,.0f}{raw / seconds:>8.3f}{seconds / one:>7.2f}")
+    for b in buckets:
+        one = median(times[f"fanout x1 {b:g} MiB"])
+        ratio(f"raw socket / push to 1 replica time, {b:g} MiB buckets", raw / one)
+        for k, mode in itertools.product(counts[1:], ("fanout", "chain")):
+            ratio(f"push to {k} / push to 1 replica time, {mode}, {b:g} MiB buckets", median(times[f"{mode} x{k} {b:g} MiB"]) / one,
+                  at_most=GOAL if k == 4 else None)
     return 0
 
 

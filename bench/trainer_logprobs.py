@@ -3,11 +3,11 @@
 Prints the median seconds of each over several repetitions and their ratio, for a batch whose
 response lengths vary as RL batches do (most short, a few long). `--quick` runs fewer, smaller
 repetitions.
+
+    python bench/trainer_logprobs.py --quick
 """
 from __future__ import annotations
 
-import argparse
-import pathlib
 import statistics
 import sys
 import tempfile
@@ -15,14 +15,13 @@ import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from common import machine_line, parser, progress, ratio
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="3 repetitions of 16 samples instead of 7 of 64")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    args = parser.parse_args()
+    p = parser(__doc__, "3 repetitions of 16 samples instead of 7 of 64")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    args = p.parse_args()
     torch.set_num_threads(args.threads)
 
     from services.common.config import InitModelConfig
@@ -32,6 +31,7 @@ def main() -> int:
     from services.trainer.model import ModelLayout, build_model, init_parallel
 
     samples, reps = (16, 3) if args.quick else (64, 7)
+    reps = args.reps or reps
     gen = torch.Generator().manual_seed(0)
     # Response lengths: 3/4 short (4-16 tokens), 1/4 long (up to 200): the padded path pads to the longest.
     lengths = [int(torch.randint(4, 17, (1,), generator=gen)) if i % 4 else int(torch.randint(100, 201, (1,), generator=gen))
@@ -58,13 +58,15 @@ def main() -> int:
             start = time.perf_counter()
             results[name] = compute_logprobs(model, batch, cfg)[0]
             times[name].append(time.perf_counter() - start)
-        print(f"repetition {rep + 1}/{reps} done", flush=True)
+        progress(f"repetition {rep + 1}/{reps} done")
     padded, packed = (statistics.median(t) for t in times.values())
     a, b = results.values()
     print(f"samples {samples}, tokens {int(batch.sequence_lengths.sum())}, padded tokens {samples * batch.tokens.size(1)}")
     for name, t in times.items():
         print(f"{name}: median {statistics.median(t):.3f} s over {reps}")
-    print(f"packed / padded time ratio: {packed / padded:.3f} (max |logprob diff| {float((a - b).abs().max()):.2e})")
+    print(machine_line())
+    print(f"max |logprob diff| packed vs padded: {float((a - b).abs().max()):.2e}")
+    ratio("packed / padded log-prob pass time", packed / padded)
     return 0
 
 

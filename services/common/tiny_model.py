@@ -39,8 +39,13 @@ def build_tokenizer(out_dir: pathlib.Path, chat_template: str) -> int:
     return len(fast)
 
 
-def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitModelConfig(), prompt_type: str = "qwen") -> pathlib.Path:
-    """Builds a randomly initialised Qwen2-layout model and its tokenizer under `out_dir`."""
+def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitModelConfig(), prompt_type: str = "qwen",
+                     vocab_size: int = 0) -> pathlib.Path:
+    """Builds a randomly initialised Qwen2-layout model and its tokenizer under `out_dir`.
+
+    `vocab_size` (0: the tokenizer's, padded to 64) gives the embedding a real model's size, e.g.
+    for benchmarks; ids past the tokenizer's are valid token ids without text.
+    """
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -56,6 +61,9 @@ def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitMod
     out.mkdir(parents=True, exist_ok=True)
     vocab = build_tokenizer(out, load_templates()[prompt_type])
     padded_vocab = -(-vocab // 64) * 64  # divisible by common TP sizes, as Megatron pads
+    if vocab_size and vocab_size < padded_vocab:
+        raise ValueError(f"vocab_size: {vocab_size} is smaller than the tokenizer's {padded_vocab} tokens")
+    padded_vocab = vocab_size or padded_vocab
     eos_id = 256  # the first special token follows the 256 byte tokens
     config = Qwen2Config(
         vocab_size=padded_vocab,

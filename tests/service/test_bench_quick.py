@@ -1,0 +1,49 @@
+"""Every benchmark's `--quick` run still works: it exits 0 and prints each of its ratio lines.
+
+The figures are not checked (a shared CI machine makes them noise); what is checked is that each
+script runs its real paths end to end and reports the ratios it promises. Each script starts its
+own servers once; nothing is shared between them.
+"""
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+RATIO = re.compile(r"^ratio (.+): (-?\d+\.\d+)", re.M)
+
+# script -> the ratio lines its --quick run prints (labels as printed, before the colon)
+EXPECTED = {
+    "bench_rollout.py": [f"{api} / offline tokens/s at concurrency {c}" for c in (1, 8, 64) for api in ("gRPC", "HTTP")],
+    "bench_weight_sync.py": [label for b in ("1", "16") for label in (
+        f"raw socket / push to 1 replica time, {b} MiB buckets",
+        f"push to 2 / push to 1 replica time, fanout, {b} MiB buckets",
+        f"push to 2 / push to 1 replica time, chain, {b} MiB buckets")],
+    "bench_dock.py": [f"dock / plain pipelines rows/s at GBS*n={rows}" for rows in (256, 4096)],
+    "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
+    "bench_reward.py": ["reward service / in-process verifiers samples/s"],
+    "bench_e2e.py": ["trainer waiting on rollout / iteration time", "dock time / iteration time"],
+    "trainer_logprobs.py": ["packed / padded log-prob pass time"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_quick_run_prints_its_ratios(script, redis_url):
+    extra = ["--redis-url", redis_url] if script == "bench_partial_rollout.py" else []
+    run = subprocess.run([sys.executable, str(BENCH / script), "--quick", *extra], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, f"{script} exited {run.returncode}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+    printed = dict(RATIO.findall(run.stdout))
+    assert sorted(printed) == sorted(EXPECTED[script]), run.stdout[-3000:]
+    assert all(float(v) > 0 for v in printed.values()), printed
+
+
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_help_shows_the_docstring_and_the_shared_flags(script):
+    run = subprocess.run([sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "python bench/" in run.stdout  # the docstring's example commands
+    assert "--quick" in run.stdout and "--reps" in run.stdout
