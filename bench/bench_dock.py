@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common import interleaved, machine_line, median, parser, private_redis, progress, ratio, work_dir
+from common import interleaved, machine_line, median, paired, parser, private_redis, progress, ratio, work_dir
 
 N = 8  # samples per prompt
 PROMPT_COLUMNS = ("prompts", "prompt_length", "labels")
@@ -172,9 +172,12 @@ def main() -> int:
 
     import redis
 
+    from services.common.config import DockConfig
+
     with contextlib.ExitStack() as stack:
         url = args.redis_url or stack.enter_context(private_redis(work_dir("dock")))
-        client = redis.Redis.from_url(url)
+        # the services' socket timeout (dock.socket_timeout_s): a Redis call that blocks longer fails here as it would there
+        client = redis.Redis.from_url(url, socket_timeout=DockConfig.socket_timeout_s)
         progress(f"redis {url}; rows {sizes}, {prompt_len}-token prompts, responses 1..{response_len} tokens, "
                  f"{args.claims} claims per consumer, {reps} reps")
         results = {rows: measure(client, rows, prompt_len, response_len, args.claims, reps) for rows in sizes}
@@ -185,7 +188,7 @@ def main() -> int:
         d, q = median(times["dock"]), median(times["plain"])
         print(f"{rows:>7}{d:>13.3f}{q:>14.3f}{rows / d:>13,.0f}{rows / q:>14,.0f}{d - q:>17.3f}")
     for rows, times in results.items():
-        ratio(f"dock / plain pipelines rows/s at GBS*n={rows}", median(times["plain"]) / median(times["dock"]))
+        ratio(f"dock / plain pipelines rows/s at GBS*n={rows}", paired(times, "plain", "dock"))
     return 0
 
 

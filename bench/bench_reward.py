@@ -17,7 +17,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from common import machine_line, parser, progress, ratio
+from common import machine_line, paired, parser, progress, ratio
 
 from services.common.config import config_from_dict
 from services.reward.client import RewardClient
@@ -97,7 +97,7 @@ def main() -> int:
     print(f"  in-process verifiers : {local_rate:9.1f} samples/s  (median {statistics.median(local_times):.3f} s)")
     print(f"  gRPC service         : {service_rate:9.1f} samples/s  (median {statistics.median(service_times):.3f} s)")
     print(f"  score mismatches: {mismatched}")
-    ratio("reward service / in-process verifiers samples/s", service_rate / local_rate)
+    ratio("reward service / in-process verifiers samples/s", paired({"local": local_times, "service": service_times}, "local", "service"))
     return 1 if mismatched else 0
 
 

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from common import REPO, QWEN25_05B, engine_env, engine_overrides, interleaved, median, model_size, progress, ratio
+from common import REPO, QWEN25_05B, engine_env, engine_overrides, interleaved, median, model_size, paired, progress, ratio
 from common import add_device_arg, build_model, machine_line, parser, start_replicas, stop_all, work_dir
 
 GOAL = 0.95
@@ -184,7 +184,7 @@ def main() -> int:
             print(f"{c:>11}{name:>8}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in seconds)}")
     for c, times in results.items():
         for name in ("gRPC", "HTTP"):
-            ratio(f"{name} / offline tokens/s at concurrency {c}", median(times["offline"]) / median(times[name]), at_least=GOAL)
+            ratio(f"{name} / offline tokens/s at concurrency {c}", paired(times, "offline", name), at_least=GOAL)
     return 0
 
 

@@ -25,7 +25,7 @@ import threading
 import time
 
 from common import QWEN25_05B, add_device_arg, build_model, engine_env, engine_overrides, interleaved, machine_line, median
-from common import model_size, parser, progress, ratio, start_replicas, stop_all, work_dir
+from common import model_size, paired, parser, progress, ratio, start_replicas, stop_all, work_dir
 
 GOAL = 1.3
 MESSAGE_BYTES = 4 << 20  # the pusher's gRPC message size (services/trainer/weight_push.py)
@@ -92,7 +92,8 @@ def main() -> int:
 
     def push(k: int, mode: str, bucket_mb: float):
         def run() -> float:
-            result = push_weights(state, addresses[:k], next(version), bucket_mb=bucket_mb, mode=mode)
+            # a bounded wait: a replica whose engine died mid-push (e.g. killed for memory) must fail the run, not hang it
+            result = push_weights(state, addresses[:k], next(version), bucket_mb=bucket_mb, mode=mode, timeout_s=300)
             assert not result.failed and result.replicas_updated == k, result
             return result.seconds
         return run
@@ -116,10 +117,9 @@ def main() -> int:
         one = median(times[f"fanout x1 {b:g} MiB"])
         print(f"{mode:<8}{k:>9}{b:>11g}{seconds:>10.3f}{k * total / seconds / 1e6:>16,.0f}{raw / seconds:>8.3f}{seconds / one:>7.2f}")
     for b in buckets:
-        one = median(times[f"fanout x1 {b:g} MiB"])
-        ratio(f"raw socket / push to 1 replica time, {b:g} MiB buckets", raw / one)
+        ratio(f"raw socket / push to 1 replica time, {b:g} MiB buckets", paired(times, "raw socket", f"fanout x1 {b:g} MiB"))
         for k, mode in itertools.product(counts[1:], ("fanout", "chain")):
-            ratio(f"push to {k} / push to 1 replica time, {mode}, {b:g} MiB buckets", median(times[f"{mode} x{k} {b:g} MiB"]) / one,
+            ratio(f"push to {k} / push to 1 replica time, {mode}, {b:g} MiB buckets", paired(times, f"{mode} x{k} {b:g} MiB", f"fanout x1 {b:g} MiB"),
                   at_most=GOAL if k == 4 else None)
     return 0
 

@@ -2,8 +2,8 @@
 how ratios are printed.
 
 Every script measures its paths side by side in one run: the repetitions are interleaved (A, B,
-C, A, B, C, ...) so load from other jobs on the machine hits every path alike, and the figures are
-medians. Each ratio is printed on a line of its own that starts with `ratio ` (tests/unit/
+C, A, B, C, ...) so load from other jobs on the machine hits every path alike; times and rates
+are medians, and a ratio of two interleaved paths is the median of their per-repetition ratios. Each ratio is printed on a line of its own that starts with `ratio ` (tests/unit/
 test_bench_quick.py looks for them), with the issue's goal and whether this run met it.
 """
 from __future__ import annotations
@@ -66,6 +66,12 @@ def ratio(label: str, value: float, at_most: float | None = None, at_least: floa
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def paired(times: dict[str, list[float]], numerator: str, denominator: str) -> float:
+    """The median over repetitions of numerator[i] / denominator[i]: the two ran back to back in the
+    same repetition, so drift in the machine's load cancels (steadier than a ratio of medians)."""
+    return statistics.median(a / b for a, b in zip(times[numerator], times[denominator]))
 
 
 def interleaved(paths: dict[str, Callable[[], float]], reps: int, warmups: int = 1, label: str = "") -> dict[str, list[float]]:
