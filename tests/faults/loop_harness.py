@@ -82,6 +82,7 @@ class LoopSystem:
     group: ProcessGroup | None = None
     specs: dict[str, ProcessSpec] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    killed: set[str] = field(default_factory=set)  # services the test killed on purpose
 
     # ------------------------------------------------------------ start and stop
 
@@ -106,6 +107,7 @@ class LoopSystem:
         if resume:
             spec = ProcessSpec(spec.name, (*spec.argv, "--resume"), spec.env)
         self.procs["trainer"] = self.group.start(spec)
+        self.killed.discard("trainer")
         return self.procs["trainer"]
 
     def start_redis(self, aof: bool) -> None:
@@ -113,9 +115,10 @@ class LoopSystem:
         data = self.tmp / "redis"
         data.mkdir(exist_ok=True)
         flags = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        self.redis_proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--dir", str(data), "--save", "", *flags],
-            stdout=(self.tmp / "redis.log").open("ab"), stderr=subprocess.STDOUT)
+        with (self.tmp / "redis.log").open("ab") as log:
+            self.redis_proc = subprocess.Popen(
+                ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--dir", str(data), "--save", "", *flags],
+                stdout=log, stderr=subprocess.STDOUT)
         client = redis.Redis(port=self.redis_port)
         wait_for(lambda: _answers(client), 60, "redis-server to answer", self.redis_proc)
 
@@ -135,6 +138,7 @@ class LoopSystem:
 
     def kill(self, name: str) -> None:
         """SIGKILL to the process group of `name` (the service and its engine or verifier workers)."""
+        self.killed.add(name)
         _killpg(self.procs[name].pid, signal.SIGKILL)
         self.procs[name].wait(timeout=60)
 
@@ -191,8 +195,14 @@ class LoopSystem:
         return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
 
     def wait_steps(self, count: int, timeout_s: float = 600.0) -> list[int]:
-        """Waits until the metrics log holds `count` steps (the trainer must stay up)."""
-        wait_for(lambda: len(self.steps()) >= count, timeout_s, f"{count} logged steps", self.procs["trainer"])
+        """Waits until the metrics log holds `count` steps; fails at once when a service the test did not kill exits."""
+        def logged() -> bool:
+            dead = [f"{name} (exit {proc.returncode})" for name, proc in self.procs.items()
+                    if name not in self.killed and proc.poll() is not None]
+            assert not dead, f"died while waiting for step {count}: {', '.join(dead)}; see {self.log_dir / 'services'}"
+            return len(self.steps()) >= count
+
+        wait_for(logged, timeout_s, f"{count} logged steps")
         return self.steps()
 
     def checkpoint_step(self) -> int | None:

@@ -69,7 +69,7 @@ def _worker_killed_mid_batch(loop: LoopSystem, fault_log, name: str, consumer: s
         AREA, f"{what} ({name}) SIGKILLed while holding {len(kill.rows)} leased {consumer} rows, mid-iteration",
         f"its rows requeue when the {LEASE_S} s lease ends; the other replica finishes them; the iteration completes",
         f"{requeued} rows requeued; steps {before[-1] if before else 0} -> {after[-1]} completed",
-        requeued >= len(kill.rows) and after == list(range(1, len(after) + 1)))
+        requeued >= len(kill.rows) and _each_step_once(after))
 
 
 def _redis_restarted_on_its_aof(loop: LoopSystem, fault_log) -> None:
@@ -86,7 +86,12 @@ def _redis_restarted_on_its_aof(loop: LoopSystem, fault_log) -> None:
         f"dock reloaded with {reloaded.admitted_rows} admitted rows (had {before_stats.admitted_rows}) and "
         f"{reloaded.retired_groups} retired groups; still running: {', '.join(survivors)}; steps {before[-1]} -> {after[-1]}",
         len(survivors) == 3 and reloaded.admitted_rows >= before_stats.admitted_rows > 0
-        and reloaded.retired_groups >= before_stats.retired_groups and after == list(range(1, len(after) + 1)))
+        and reloaded.retired_groups >= before_stats.retired_groups and _each_step_once(after))
+
+
+def _each_step_once(steps: list[int]) -> bool:
+    """The metrics log holds steps 1, 2, ... in order: none skipped, none trained twice."""
+    return steps == list(range(1, len(steps) + 1))
 
 
 def _at_a_checkpoint(loop: LoopSystem) -> int:
@@ -110,7 +115,7 @@ def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
         f"it continues at step {saved + 1}; the replica serves version {saved} meanwhile and takes the next push",
         f"resumed at step {resumed_at}; meanwhile the replica served version {served} (Generate answered by {generated}); "
         f"after the resume it serves {pushed}",
-        resumed_at == saved + 1 and served == generated == saved and pushed > saved and after == list(range(1, len(after) + 1)))
+        resumed_at == saved + 1 and served == generated == saved and pushed > saved and _each_step_once(after))
 
 
 def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_step: int) -> None:
@@ -148,7 +153,7 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     after = loop.steps()
     fault_log.check(
         AREA, f"`dockrl trainer train --resume` after the empty Redis",
-        f"continues from the checkpoint at step {saved + 1} and runs to step {ITERS}",
+        f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {ITERS}",
         f"exit {resumed.returncode}; steps after the resume: {after[logged:]}",
         resumed.returncode == 0 and after[logged:] == list(range(saved + 1, ITERS + 1)))
     return saved + 1
