@@ -214,6 +214,7 @@ class DockConfig:
     redis_username: str = ""  # Redis ACL user; empty: the default user
     redis_tls_ca_file: str = ""  # CA bundle that signs the server's certificate (with redis_tls)
     socket_timeout_s: float = 30.0  # a Redis call that takes longer fails as Unavailable
+    reconnect_timeout_s: float = 60.0  # Redis unreachable: calls retry with backoff this long, then fail as Unavailable
     capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
     claim_poll_s: float = 0.05  # how often a waiting claim asks again
@@ -441,6 +442,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
         ("dock.socket_timeout_s", cfg.dock.socket_timeout_s),
+        ("dock.reconnect_timeout_s", cfg.dock.reconnect_timeout_s),
         ("dock.claim_poll_s", cfg.dock.claim_poll_s),
     ]:
         _check_positive(errors, path, value)
