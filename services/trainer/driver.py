@@ -13,7 +13,6 @@ import json
 import logging
 import time
 
-import torch
 
 from services.common.auth import resolve_token
 from services.common.config import Config
