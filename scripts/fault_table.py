@@ -1,11 +1,12 @@
 """Renders the fault table the fault and security tests recorded into docs/faults.md.
 
     python -m pytest tests/faults tests/security tests/service/test_dock_errors.py   # writes build/fault_table.json
-    python scripts/fault_table.py [--json build/fault_table.json ...] [--out docs/faults.md]
+    python scripts/fault_table.py [--json build/fault_table.json ...] [--out docs/faults.md] [--readme README.md]
 
 Every row comes from a `fault_log.check(...)` call in a test (tests/fault_log.py). `--json` may be
 given several times (sessions run apart, each with its own `$DOCKRL_FAULT_TABLE`); their rows are
-rendered together, in the order given.
+rendered together, in the order given. The summary (tried and held per area) also replaces the
+block between the README's fault-summary markers.
 """
 from __future__ import annotations
 
@@ -34,15 +35,27 @@ def cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render(rows: list[dict]) -> str:
-    """The Markdown page: a summary per area, then one table per area in first-seen order."""
+README_START, README_END = "<!-- fault-summary:start -->", "<!-- fault-summary:end -->"
+
+
+def _by_area(rows: list[dict]) -> dict[str, list[dict]]:
     by_area: dict[str, list[dict]] = collections.defaultdict(list)
     for row in rows:
         by_area[row["area"]].append(row)
+    return by_area
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The held count and a table of tried/held per area, in first-seen order."""
     held = sum(r["held"] for r in rows)
-    lines = [HEADER, f"{held} of {len(rows)} held.", "", "| area | tried | held |", "| --- | --- | --- |"]
-    lines += [f"| {cell(area)} | {len(items)} | {sum(r['held'] for r in items)} |" for area, items in by_area.items()]
-    for area, items in by_area.items():
+    lines = [f"{held} of {len(rows)} held.", "", "| area | tried | held |", "| --- | --- | --- |"]
+    return lines + [f"| {cell(area)} | {len(items)} | {sum(r['held'] for r in items)} |" for area, items in _by_area(rows).items()]
+
+
+def render(rows: list[dict]) -> str:
+    """The Markdown page: a summary per area, then one table per area in first-seen order."""
+    lines = [HEADER, *summary(rows)]
+    for area, items in _by_area(rows).items():
         lines += ["", f"## {area}", "", "| tried | expected | observed | held |", "| --- | --- | --- | --- |"]
         lines += [f"| {cell(r['tried'])} | {cell(r['expected'])} | {cell(r['observed'])} | {'yes' if r['held'] else '**NO**'} |"
                   for r in items]
@@ -53,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="append", help="rows the tests wrote; repeatable (default: build/fault_table.json)")
     parser.add_argument("--out", default=str(REPO / "docs" / "faults.md"), help="Markdown page to write (default: %(default)s)")
+    parser.add_argument("--readme", default=str(REPO / "README.md"),
+                        help="file whose fault-summary block gets the summary table (default: %(default)s)")
     args = parser.parse_args(argv)
     rows = []
     for source in map(pathlib.Path, args.json or [REPO / "build" / "fault_table.json"]):
@@ -62,6 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows += json.loads(source.read_text())
     pathlib.Path(args.out).write_text(render(rows))
+    readme = pathlib.Path(args.readme)
+    text = readme.read_text()
+    if README_START not in text or README_END not in text:
+        print(f"error: {readme} has no {README_START} ... {README_END} block for the summary", file=sys.stderr)
+        return 2
+    head, rest = text.split(README_START, 1)
+    readme.write_text("\n".join([head + README_START, *summary(rows), README_END]) + rest.split(README_END, 1)[1])
     print(f"wrote {args.out}: {len(rows)} rows, {sum(r['held'] for r in rows)} held")
     return 0
 
