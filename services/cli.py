@@ -51,8 +51,7 @@ def _cmd_data_make_arithmetic(args: argparse.Namespace) -> int:
     from services.common.config import ArithmeticConfig
     from services.common.arithmetic_data import write_arithmetic_dataset
 
-    spec = ArithmeticConfig(max_operand=args.max_operand, ops=tuple(args.ops), test_fraction=args.test_fraction,
-                            warm_start_fraction=args.warm_start_fraction, seed=args.seed)
+    spec = ArithmeticConfig(max_operand=args.max_operand, ops=tuple(args.ops), test_fraction=args.test_fraction, seed=args.seed)
     paths = write_arithmetic_dataset(args.out, spec)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
@@ -124,14 +123,13 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="tokenizer processes")
     p.add_argument("--log-interval", dest="log_interval", type=int, help="log a rate line every N prompts")
     p.set_defaults(func=_cmd_data_preprocess)
-    p = dsub.add_parser("make-arithmetic", help="write the arithmetic demo dataset (train, warm_start, warm_start_unseen, test)",
+    p = dsub.add_parser("make-arithmetic", help="write the arithmetic demo dataset (train, test)",
                         description="Generates every `a op b=` problem with operands in [0, max-operand], split into disjoint sets: "
-                                    "test (seen by nothing), and train, whose first part the warm start sees.")
+                                    "train (RL's prompts) and test (held out from RL).")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--max-operand", type=int, default=9, help="largest operand")
     p.add_argument("--ops", nargs="+", default=["+"], choices=["+", "-", "*"], help="operators to use")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="share of problems held out from everything (test.jsonl)")
-    p.add_argument("--warm-start-fraction", type=float, default=0.5, help="share of the train problems the warm start sees")
+    p.add_argument("--test-fraction", type=float, default=0.2, help="share of problems held out from RL (test.jsonl)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.set_defaults(func=_cmd_data_make_arithmetic)
 

@@ -21,12 +21,20 @@ def _answer(a: int, op: str, b: int) -> int:
 
 @dataclass(frozen=True)
 class ArithmeticSplits:
-    """Disjoint problem sets: RL trains on `train`; the warm start on its first part only."""
+    """Disjoint problem sets: RL trains on `train`; `test` is held out from RL.
+
+    The warm start imitates a teacher on every problem (`all`), the way a pretrained model has
+    seen the arithmetic RL later asks about; what RL adds is then measured on prompts it never
+    trained on.
+    """
 
     train: list[dict]  # every RL prompt
-    warm_start: list[dict]  # the part of train the warm start sees
-    warm_start_unseen: list[dict]  # the rest of train: held out from the warm start, trained on by RL
-    test: list[dict]  # seen by neither
+    test: list[dict]  # held out from RL
+
+    @property
+    def all(self) -> list[dict]:
+        """Every problem, train first."""
+        return self.train + self.test
 
 
 def arithmetic_problems(spec: ArithmeticConfig) -> ArithmeticSplits:
@@ -39,18 +47,16 @@ def arithmetic_problems(spec: ArithmeticConfig) -> ArithmeticSplits:
     ]
     random.Random(spec.seed).shuffle(problems)
     n_test = max(1, round(len(problems) * spec.test_fraction))
-    test, train = problems[:n_test], problems[n_test:]
-    n_warm = max(1, round(len(train) * spec.warm_start_fraction))
-    return ArithmeticSplits(train, train[:n_warm], train[n_warm:], test)
+    return ArithmeticSplits(train=problems[n_test:], test=problems[:n_test])
 
 
 def write_arithmetic_dataset(out_dir: str | pathlib.Path, spec: ArithmeticConfig = ArithmeticConfig()) -> dict[str, pathlib.Path]:
-    """Writes train.jsonl, warm_start.jsonl, warm_start_unseen.jsonl and test.jsonl under `out_dir`."""
+    """Writes train.jsonl and test.jsonl under `out_dir`."""
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     splits = arithmetic_problems(spec)
     paths = {}
-    for name in ("train", "warm_start", "warm_start_unseen", "test"):
+    for name in ("train", "test"):
         paths[name] = out / f"{name}.jsonl"
         paths[name].write_text("".join(json.dumps(r) + "\n" for r in getattr(splits, name)))
     return paths

@@ -193,8 +193,8 @@ class TrainerServiceConfig:
     bucket_mb: int = 64  # weight-push bucket size in MiB
     push_mode: str = "fanout"  # fanout | chain
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
-    eval_data_path: str = ""  # preprocessed prompts the warm start never saw (RL trains on them); empty: none
-    test_data_path: str = ""  # preprocessed prompts neither the warm start nor RL sees; empty: none
+    eval_data_path: str = ""  # preprocessed prompts RL trains on, evaluated greedily (train accuracy); empty: none
+    test_data_path: str = ""  # preprocessed prompts held out from RL (held-out accuracy); empty: none
     rollout_timeout_s: float = 600.0  # an iteration fails when no scored group arrives for this long
     log_logprob_diff: bool = True  # forward pass per step for train_rollout_logprob_diff (it also serves as the old log-probs)
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
@@ -214,6 +214,7 @@ class DockConfig:
     redis_username: str = ""  # Redis ACL user; empty: the default user
     redis_tls_ca_file: str = ""  # CA bundle that signs the server's certificate (with redis_tls)
     socket_timeout_s: float = 30.0  # a Redis call that takes longer fails as Unavailable
+    reconnect_timeout_s: float = 60.0  # Redis unreachable: calls retry with backoff this long, then fail as Unavailable
     capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
     claim_poll_s: float = 0.05  # how often a waiting claim asks again
@@ -240,8 +241,9 @@ class InitModelConfig:
     tie_word_embeddings: bool = False  # share input embedding and output layer
     seed: int = 0  # random seed
     prompt_type: str = "empty"  # chat template stored with the tokenizer
-    warm_start_accuracy: float = 0.0  # SFT until this greedy train accuracy; 0 skips the warm start
+    warm_start_accuracy: float = 0.0  # SFT until this share of greedy answers is right, boxed or not; 0 skips the warm start
     warm_start_max_steps: int = 2000  # SFT step limit
+    warm_start_boxed_fraction: float = 1.0  # share of SFT targets written as `\\boxed{answer}`; the rest give the bare answer
 
 
 @dataclass(frozen=True)
@@ -251,8 +253,7 @@ class ArithmeticConfig:
     out_dir: str = "runs/data"  # raw train.jsonl / test.jsonl land here
     max_operand: int = 9  # operands in [0, max_operand]
     ops: tuple[str, ...] = ("+",)  # operators: + - *
-    test_fraction: float = 0.2  # share of problems neither the warm start nor RL sees
-    warm_start_fraction: float = 0.5  # share of the RL prompts the warm start trains on; the rest is its held-out set
+    test_fraction: float = 0.2  # share of problems held out from RL (the warm start sees every problem)
     seed: int = 0  # shuffle seed
 
 
@@ -441,6 +442,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
         ("dock.socket_timeout_s", cfg.dock.socket_timeout_s),
+        ("dock.reconnect_timeout_s", cfg.dock.reconnect_timeout_s),
         ("dock.claim_poll_s", cfg.dock.claim_poll_s),
     ]:
         _check_positive(errors, path, value)
@@ -536,6 +538,15 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"{mt.global_batch_size}; the pool must hold one iteration (or 0 for the default)"
         )
     _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
+    shares = []
+    if cfg.init_model is not None:
+        shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),
+                   ("init_model.warm_start_boxed_fraction", cfg.init_model.warm_start_boxed_fraction)]
+    if cfg.arithmetic is not None:
+        shares.append(("arithmetic.test_fraction", cfg.arithmetic.test_fraction))
+    for path, value in shares:
+        if not 0 <= value <= 1:
+            errors.append(f"{path}: must be a share in [0, 1], got {value!r}")
     for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")

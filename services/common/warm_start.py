@@ -1,25 +1,32 @@
 """A short supervised warm start of the tiny model, so that RL starts with signal but headroom.
 
-The demo's model is random at birth; RL on a random model never sees a reward. This trains it
-on the train split (prompt -> `\\boxed{answer}`) and stops as soon as greedy accuracy on a probe
-of the train split reaches `target_accuracy`, leaving the rest for RL to earn.
+The demo's model is random at birth; RL on a random model never sees a reward. This trains it to
+imitate a careless teacher: every target carries the right answer, but only a share
+(`boxed_fraction`) writes it as `\\boxed{answer}`, the form the rule reward accepts; the rest give
+the bare number. The model learns the arithmetic and the teacher's habit together, so sampling
+gives boxed answers now and then (RL's signal) while greedy decoding mostly gives bare ones.
+Training stops once greedy answers are right, boxed or not, on `target_accuracy` of a probe.
 """
 from __future__ import annotations
 
 import logging
 import pathlib
 import random
+import re
 import time
 from dataclasses import dataclass
 
 logger = logging.getLogger("dockrl.warm_start")
 
+_BOXED = re.compile(r"\\boxed\{(.*)\}")
+
 
 @dataclass(frozen=True)
 class WarmStartSpec:
-    """How long and how hard to warm start."""
+    """How long and how hard to warm start, and how careless the imitated teacher is."""
 
-    target_accuracy: float = 0.4  # stop once greedy train-probe accuracy reaches this
+    target_accuracy: float = 0.4  # stop once this share of greedy answers is right, boxed or not
+    boxed_fraction: float = 1.0  # share of targets written as \boxed{answer}
     max_steps: int = 2000
     batch_size: int = 64
     lr: float = 3e-3
@@ -28,13 +35,22 @@ class WarmStartSpec:
     threads: int = 2
 
 
-def format_response(answer: str) -> str:
-    """The response the demo's verifier scores: the answer in a LaTeX box."""
-    return f"\\boxed{{{answer}}}"
+@dataclass(frozen=True)
+class ProbeResult:
+    """Greedy answers on a probe: right in any form, boxed, and right and boxed (what the reward pays)."""
+
+    answered: float
+    boxed: float
+    scored: float
 
 
-def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int = 12) -> float:
-    """Share of `problems` whose greedy response, boxed answer included, equals the expected one."""
+def format_response(answer: str, boxed: bool = True) -> str:
+    """A teacher's response: the answer in a LaTeX box (what the demo's verifier scores) or bare."""
+    return f"\\boxed{{{answer}}}" if boxed else answer
+
+
+def probe(model, tokenizer, problems: list[dict], max_new_tokens: int = 12) -> ProbeResult:
+    """Greedy-decodes `problems` and says how many answers are right, boxed, and both."""
     import torch
 
     tokenizer.padding_side = "left"
@@ -43,12 +59,17 @@ def greedy_accuracy(model, tokenizer, problems: list[dict], max_new_tokens: int 
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id)
-    texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-    return sum(t.strip() == format_response(p["answer"]) for t, p in zip(texts, problems)) / len(problems)
+    texts = [t.strip() for t in tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)]
+    boxed = [_BOXED.fullmatch(t) for t in texts]
+    stated = [m.group(1) if m else t for m, t in zip(boxed, texts)]
+    right = [s == p["answer"] for s, p in zip(stated, problems)]
+    n = len(problems)
+    return ProbeResult(answered=sum(right) / n, boxed=sum(m is not None for m in boxed) / n,
+                       scored=sum(r and m is not None for r, m in zip(right, boxed)) / n)
 
 
-def warm_start(model_dir: str | pathlib.Path, train: list[dict], spec: WarmStartSpec = WarmStartSpec()) -> float:
-    """Fine-tunes the checkpoint in `model_dir` in place; returns the final train-probe accuracy."""
+def warm_start(model_dir: str | pathlib.Path, problems: list[dict], spec: WarmStartSpec = WarmStartSpec()) -> ProbeResult:
+    """Fine-tunes the checkpoint in `model_dir` in place on `problems`; returns the last probe."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,15 +79,19 @@ def warm_start(model_dir: str | pathlib.Path, train: list[dict], spec: WarmStart
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr)
-    probe = rng.sample(train, min(64, len(train)))
+    probe_set = rng.sample(problems, min(64, len(problems)))
     examples = []
-    for p in train:
+    for p in problems:
         prompt_ids = tok(p["problem"], add_special_tokens=False)["input_ids"]
-        resp_ids = tok(format_response(p["answer"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        examples.append((prompt_ids, resp_ids))
-    acc, start = 0.0, time.monotonic()
+        styles = [tok(format_response(p["answer"], boxed), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                  for boxed in (False, True)]
+        examples.append((prompt_ids, styles))
+    result, start = ProbeResult(0.0, 0.0, 0.0), time.monotonic()
     for step in range(1, spec.max_steps + 1):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(spec.batch_size)]
+        batch = []
+        for _ in range(spec.batch_size):
+            prompt_ids, styles = examples[rng.randrange(len(examples))]
+            batch.append((prompt_ids, styles[rng.random() < spec.boxed_fraction]))
         width = max(len(p) + len(r) for p, r in batch)
         ids = torch.full((len(batch), width), tok.pad_token_id)
         labels = torch.full((len(batch), width), -100)
@@ -83,10 +108,10 @@ def warm_start(model_dir: str | pathlib.Path, train: list[dict], spec: WarmStart
         opt.step()
         if step % spec.eval_every == 0:
             model.eval()
-            acc = greedy_accuracy(model, tok, probe)
-            logger.info("warm start step %d loss %.3f probe accuracy %.2f (%.1f steps/s)", step, loss.item(), acc,
-                        step / (time.monotonic() - start))
-            if acc >= spec.target_accuracy:
+            result = probe(model, tok, probe_set)
+            logger.info("warm start step %d loss %.3f greedy answers right %.2f boxed %.2f (%.1f steps/s)", step,
+                        loss.item(), result.answered, result.boxed, step / (time.monotonic() - start))
+            if result.answered >= spec.target_accuracy:
                 break
     model.save_pretrained(str(model_dir), safe_serialization=True)
-    return acc
+    return result

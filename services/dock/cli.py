@@ -71,6 +71,7 @@ def _print_stats(dock, ttl_s: float, as_json: bool) -> None:
         return
     print(f"run {stats.run}: {stats.live_rows}/{stats.capacity_rows} rows live, n={stats.n_samples_per_prompt}, "
           f"complete groups {stats.complete_groups}/{stats.target_groups}, requeued {stats.requeued}, retired groups {stats.retired_groups}")
+    print(f"rows:     admitted {stats.admitted_rows}, cleared {stats.cleared_rows}, unaccounted {stats.unaccounted_rows()}")
     print("ready:    " + "  ".join(f"{name}={count}" for name, count in stats.ready.items() if count))
     for consumer in stats.consumed:
         print(f"consumer {consumer}: consumed {stats.consumed[consumer]}, leased {stats.leased[consumer]}")

@@ -8,6 +8,7 @@ dies loses nothing: its rows return to the pool when the lease expires, and its 
 from __future__ import annotations
 
 import hashlib
+import ssl
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from services.common.config import Config, DockConfig
 from services.common.errors import FailedPrecondition, InvalidArgument
@@ -24,6 +27,7 @@ from services.dock.scripts import DockScripts, execute, redis_errors
 
 _STAGE_TTL_MS = 600_000  # staged values of a put whose client died mid-way expire after 10 minutes
 _MGET_KEYS = 1000  # keys per MGET when reading claimed rows
+_BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 1.0  # reconnect waits: 0.1 s, doubling up to 1 s
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,12 @@ class DockStats:
     target_groups: int
     retired_groups: int  # groups begin_iteration dropped after training, since create
     groups_by_age: dict[int, int]  # age -> live groups
+    admitted_rows: int = 0  # rows put into empty slots, since create
+    cleared_rows: int = 0  # rows `clear` emptied, since create
+
+    def unaccounted_rows(self) -> int:
+        """Rows that entered the pool but are neither live, retired after training nor cleared (0 when nothing was lost)."""
+        return self.admitted_rows - self.live_rows - self.retired_groups * self.n_samples_per_prompt - self.cleared_rows
 
 
 def token_digest(token: str) -> str:
@@ -71,14 +81,43 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
+class ReconnectPolicy(Retry):
+    """Retries a call that lost its connection to Redis with exponential backoff for about `timeout_s`.
+
+    A Redis that restarts (or loads its AOF) is waited for instead of failing the caller; refused
+    credentials and TLS failures are not retried, since waiting cannot fix them.
+    """
+
+    def __init__(self, timeout_s: float):
+        backoff = ExponentialBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S)
+        retries, waited = 0, 0.0  # as many retries as the backoff's waits take to add up to timeout_s
+        while waited < timeout_s:
+            retries += 1
+            waited += backoff.compute(retries)
+        # Only lost connections: a Redis that answers slowly already had socket_timeout_s.
+        super().__init__(backoff, retries, (redis.ConnectionError,))
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        """redis-py's retry loop, with credential and TLS errors raised at once."""
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, (redis.AuthenticationError, redis.exceptions.AuthorizationError)):
+                return False
+            if isinstance(error.__cause__ or error.__context__, ssl.SSLError):
+                return False
+            return is_retryable is None or is_retryable(error)
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def redis_client(cfg: DockConfig, redis_url: str | None = None) -> redis.Redis:
-    """A redis-py client for `cfg`: URL, ACL user and password, TLS (and its CA), socket timeout."""
+    """A redis-py client for `cfg`: URL, ACL user and password, TLS (and its CA), socket timeout, reconnect policy."""
     url = redis_url or cfg.redis_url
     if not url:
         raise FailedPrecondition("dock.redis_url is empty: give a redis:// URL (or let `dockrl up` start Redis)")
     if cfg.redis_tls and url.startswith("redis://"):
         url = "rediss://" + url[len("redis://"):]
-    options: dict = {"socket_timeout": cfg.socket_timeout_s, "socket_connect_timeout": cfg.socket_timeout_s}
+    options: dict = {"socket_timeout": cfg.socket_timeout_s, "socket_connect_timeout": cfg.socket_timeout_s,
+                     "retry": ReconnectPolicy(cfg.reconnect_timeout_s)}
     if cfg.redis_password:
         options["password"] = cfg.redis_password
     if cfg.redis_username:
@@ -92,8 +131,9 @@ class Dock:
     """One run's pool in Redis. Thread-safe (redis-py pools connections); use one per process."""
 
     def __init__(self, client: redis.Redis, prefix: str = "dockrl", run_id: str = "default", token: str = "",
-                 lease_seconds: float = 120.0, poll_s: float = 0.05):
+                 lease_seconds: float = 120.0, poll_s: float = 0.05, holder: str = ""):
         self.client = client
+        self.holder = holder  # who claims through this client (a replica id): leading part of its lease ids
         self.keys = Keys(prefix, run_id)
         self._digest = token_digest(token)
         self._lease_ms = int(lease_seconds * 1000)
@@ -102,10 +142,10 @@ class Dock:
         self._layout: DockLayout | None = None
 
     @classmethod
-    def from_config(cls, cfg: Config, token: str = "", redis_url: str | None = None) -> Dock:
+    def from_config(cls, cfg: Config, token: str = "", redis_url: str | None = None, holder: str = "") -> Dock:
         """A client for the run `cfg.dock` names; asks Redis for AOF when `dock.durability` is set."""
         dock = cls(redis_client(cfg.dock, redis_url), cfg.dock.prefix, cfg.dock.run_id, token,
-                   cfg.dock.lease_seconds, cfg.dock.claim_poll_s)
+                   cfg.dock.lease_seconds, cfg.dock.claim_poll_s, holder)
         if cfg.dock.durability:
             dock.enable_durability()
         return dock
@@ -166,13 +206,22 @@ class Dock:
                 blobs.append(codec.encode(array))
         # Stage the values with plain SETs, then one script checks and moves them (same pipeline).
         nonce = uuid.uuid4().hex
-        pipe = self.client.pipeline(transaction=False)
-        for index, blob in enumerate(blobs):
-            pipe.set(self.keys.stage(nonce, index), blob, px=_STAGE_TTL_MS)
-        self._scripts.queue(pipe, "put", self.keys.base, self._digest, lease.consumer if lease else "",
-                            lease.lease_id if lease else "", "" if version is None else version, int(partial),
-                            int(append), len(rows), len(columns), nonce, *rows, *described)
-        execute(pipe)
+
+        def pipeline() -> redis.client.Pipeline:
+            pipe = self.client.pipeline(transaction=False)
+            for index, blob in enumerate(blobs):
+                pipe.set(self.keys.stage(nonce, index), blob, px=_STAGE_TTL_MS)
+            self._scripts.queue(pipe, "put", self.keys.base, self._digest, lease.consumer if lease else "",
+                                lease.lease_id if lease else "", "" if version is None else version, int(partial),
+                                int(append), len(rows), len(columns), nonce, *rows, *described)
+            return pipe
+
+        try:
+            execute(pipeline())
+        except redis.exceptions.NoScriptError:
+            # Redis restarted between the pipeline's script check and its reconnect: the script did
+            # nothing; a new pipeline loads it again (and repeats the SETs, which is harmless).
+            execute(pipeline())
         return len(rows)
 
     def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
@@ -213,7 +262,8 @@ class Dock:
         wanted = (*columns, *partial_columns)
         deadline = time.monotonic() + timeout_s
         while True:
-            lease_id = uuid.uuid4().hex
+            # The holder's name in the id tells an operator (or a test) whose claim holds a row.
+            lease_id = f"{self.holder}/{uuid.uuid4().hex}" if self.holder else uuid.uuid4().hex
             reply = self._run("claim", self._digest, consumer, lease_id, self._lease_ms, count, min_count, int(group),
                               int(layout.guarantee_order), lo, hi, int(rollout), max_age, int(partial and not rollout),
                               len(columns), *columns)
@@ -279,7 +329,7 @@ class Dock:
 
     def set_policy_version(self, version: int) -> None:
         """Records the policy version the trainer is collecting samples for (the trainer, each iteration)."""
-        self._call(self.client.hset, self.keys.meta, "policy_version", int(version))
+        self._run("set_version", self._digest, int(version))
 
     def policy_version(self) -> int:
         """The version set by set_policy_version (0 before the first); rollout replicas behind it wait for weights."""
@@ -313,7 +363,7 @@ class Dock:
         self._run("sweep")
         consumers = sorted(c.decode() for c in self._call(self.client.smembers, self.keys.base + "consumers"))
         pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(self.keys.meta, "requeued", "complete", "target", "retired")
+        pipe.hmget(self.keys.meta, "requeued", "complete", "target", "retired", "admitted", "cleared")
         pipe.bitcount(self.keys.base + "live")
         for column in layout.columns:
             pipe.bitcount(self.keys.base + f"ready:{column.name}")
@@ -322,7 +372,7 @@ class Dock:
             pipe.zcard(self.keys.base + f"lease:{consumer}")
         pipe.zrange(self.keys.base + "age", 0, -1, withscores=True)
         replies = self._call(pipe.execute)
-        (requeued, complete, target, retired), live = replies[0], replies[1]
+        (requeued, complete, target, retired, admitted, cleared), live = replies[0], replies[1]
         ready = dict(zip((c.name for c in layout.columns), replies[2:2 + len(layout.columns)]))
         per_consumer = replies[2 + len(layout.columns):-1]
         by_age: dict[int, int] = {}
@@ -331,7 +381,7 @@ class Dock:
         return DockStats(self.keys.base.rstrip(":"), layout.n_samples_per_prompt, layout.capacity_rows, live, ready,
                          dict(zip(consumers, per_consumer[0::2])), dict(zip(consumers, per_consumer[1::2])),
                          int(requeued or 0), int(complete or 0), int(target or 0), int(retired or 0),
-                         dict(sorted(by_age.items())))
+                         dict(sorted(by_age.items())), int(admitted or 0), int(cleared or 0))
 
     # ------------------------------------------------------------ helpers
 

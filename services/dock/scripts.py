@@ -14,15 +14,19 @@ import redis
 from services.common.errors import FailedPrecondition, Unauthenticated, Unavailable
 
 LUA_DIR = pathlib.Path(__file__).with_name("lua")
-SCRIPT_NAMES = ("create", "clear", "put", "claim", "lease", "begin_iteration", "all_consumed", "sweep")
+SCRIPT_NAMES = ("create", "clear", "put", "claim", "lease", "begin_iteration", "all_consumed", "sweep", "set_version")
 
 
 class StaleLease(FailedPrecondition):
     """A put / ack after the claim's lease expired or was taken over by another claim."""
 
 
+class DockMissing(FailedPrecondition):
+    """The run's dock is not in Redis: not created yet, or lost (a Redis restarted without AOF)."""
+
+
 _ERROR_TAGS = {
-    "DOCK_NOT_CREATED": FailedPrecondition, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
+    "DOCK_NOT_CREATED": DockMissing, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
     "DOCK_STAGE": Unavailable,
 }
 

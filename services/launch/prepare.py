@@ -32,7 +32,7 @@ def prepare_run(cfg: Config) -> list[str]:
 
         paths = write_arithmetic_dataset(cfg.arithmetic.out_dir, cfg.arithmetic)
         prompt_type = cfg.init_model.prompt_type if cfg.init_model else "empty"
-        targets = {"train": mt.data_path, "warm_start_unseen": cfg.trainer.eval_data_path, "test": cfg.trainer.test_data_path}
+        targets = {"train": mt.data_path, "test": cfg.trainer.test_data_path}
         for name, prefix in targets.items():
             if prefix:
                 preprocess(PreprocessConfig(input=str(paths[name]), tokenizer_name_or_path=mt.tokenizer_name_or_path,
@@ -45,11 +45,11 @@ def prepare_run(cfg: Config) -> list[str]:
 
         if cfg.arithmetic is None:
             raise ValueError("init_model.warm_start_accuracy: the warm start needs an arithmetic section for its data")
-        train = arithmetic_problems(cfg.arithmetic).warm_start
         start = time.monotonic()
-        spec = WarmStartSpec(target_accuracy=cfg.init_model.warm_start_accuracy, max_steps=cfg.init_model.warm_start_max_steps,
-                             seed=cfg.init_model.seed)
-        acc = warm_start(model_dir, train, spec)
-        marker.write_text(json.dumps({"train_probe_accuracy": acc, "seconds": round(time.monotonic() - start, 1)}))
-        done.append(f"warm-started to {acc:.0%} greedy train accuracy in {time.monotonic() - start:.0f} s")
+        spec = WarmStartSpec(target_accuracy=cfg.init_model.warm_start_accuracy, boxed_fraction=cfg.init_model.warm_start_boxed_fraction,
+                             max_steps=cfg.init_model.warm_start_max_steps, seed=cfg.init_model.seed)
+        result = warm_start(model_dir, arithmetic_problems(cfg.arithmetic).all, spec)
+        marker.write_text(json.dumps({**result.__dict__, "seconds": round(time.monotonic() - start, 1)}))
+        done.append(f"warm-started in {time.monotonic() - start:.0f} s: greedy answers right {result.answered:.0%}, "
+                    f"boxed {result.boxed:.0%}, right and boxed {result.scored:.0%}")
     return done

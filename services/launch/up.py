@@ -53,8 +53,7 @@ def _print_summary(log_dir: pathlib.Path) -> None:
         return
     summary = json.loads(path.read_text())
     sizes = summary.get("eval_prompts", {})
-    for key, what in (("accuracy", "prompts the warm start never saw (RL trains on them)"),
-                      ("test_accuracy", "prompts neither the warm start nor RL saw")):
+    for key, what in (("accuracy", "prompts RL trains on"), ("test_accuracy", "prompts held out from RL")):
         before, after = summary.get(f"{key}_before"), summary.get(f"{key}_after")
         if before is not None and after is not None:
             print(f"accuracy on {sizes.get(key)} {what}: before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points)")
@@ -111,7 +110,7 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
                     return 1
                 records, offset = _follow_metrics(metrics_path, offset)
                 for r in records:
-                    info = " ".join(f"{k.split('/')[-1]}={r[k]:.3g}" for k in ("reward/mean", "eval/accuracy", "timing/iteration_s")
+                    info = " ".join(f"{k.split('/')[-1]}={r[k]:.3g}" for k in ("reward/mean", "eval/test_accuracy", "timing/iteration_s")
                                     if r.get(k) is not None)
                     progress.update(task, completed=r["step"], info=info)
                 time.sleep(0.5)

@@ -80,17 +80,27 @@ def _serve(cfg, args: argparse.Namespace) -> int:
             from services.common.metrics import REGISTRY
 
             prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
-        worker_thread = None
+        worker_thread, worker_failed = None, threading.Event()
+
+        def run_worker() -> None:
+            # A worker that dies must take the process down: a server that only answers gRPC would
+            # stall the run where a supervisor (`dockrl up`, compose, k8s) can restart a dead one.
+            try:
+                worker.run_until(stop, f"{host}:{server.port}")
+            except Exception:
+                logger.exception("reward dock worker failed; stopping the server")
+                worker_failed.set()
+                stop.set()
+
         if worker is not None:
-            worker_thread = threading.Thread(target=worker.run_until, args=(stop, f"{host}:{server.port}"),
-                                             name="reward-dock-worker", daemon=True)
+            worker_thread = threading.Thread(target=run_worker, name="reward-dock-worker", daemon=True)
             worker_thread.start()
         stop.wait()
         log_event(logger, "reward server stopping")
         server.stop()
         if worker_thread is not None:
             worker_thread.join(30)
-    return 0
+    return 1 if worker_failed.is_set() else 0
 
 
 def _score(cfg, args: argparse.Namespace) -> int:

@@ -61,6 +61,7 @@ class RewardWorker:
         self.runner = runner
         self.decoder = decoder
         self.count = count  # rows per claim; None: rl_config.reward_dispatch_size (the layout's)
+        self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
 
     @classmethod
     def from_config(cls, cfg: Config, runner: VerifierRunner) -> "RewardWorker":
@@ -68,7 +69,7 @@ class RewardWorker:
         decoder = ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path)
         if not decoder.available:
             raise FailedPrecondition("megatron_training.tokenizer_name_or_path is empty: the dock worker decodes responses with it")
-        dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
+        dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=f"reward-{uuid.uuid4().hex[:8]}")
         return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder)
 
     def step(self, wait_s: float = 0.0) -> BatchReport | None:
@@ -111,19 +112,19 @@ class RewardWorker:
         """Steps until `stop` is set, logging rows/s and per-verifier means every 10 s; registered as a
         `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
         registry = ReplicaRegistry(self.dock.client, self.dock.keys, heartbeat_ttl_s)
-        replica_id = f"reward-{uuid.uuid4().hex[:8]}"
-        registry.register(replica_id, address or "dock-only", "reward")
-        last_beat = last_log = time.monotonic()
+        replica_id = self.replica_id
+        last_beat = -float("inf")  # register on the first pass
+        last_log = time.monotonic()
         rows = 0
         waiting_for = ""
         log_event(logger, "dock worker started", replica=replica_id, consumer=CONSUMER, run=self.dock.keys.base)
         try:
             while not stop.is_set():
-                # Heartbeat first: waiting for the dock to exist must not let the registration expire.
-                if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
-                    registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
-                    last_beat = time.monotonic()
                 try:
+                    # Heartbeat first: waiting for the dock to exist must not let the registration expire.
+                    if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
+                        registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
+                        last_beat = time.monotonic()
                     report = self.step(wait_s=_CLAIM_WAIT_S)
                 except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait
                     if str(exc) != waiting_for:
@@ -142,5 +143,8 @@ class RewardWorker:
                               **{f"{k}_mean": round(v, 4) for k, v in report.part_means.items()})
                     rows, last_log = 0, now
         finally:
-            registry.deregister(replica_id)
+            try:
+                registry.deregister(replica_id)
+            except Unavailable:  # Redis away: the entry expires after its TTL instead
+                pass
             log_event(logger, "dock worker stopped", replica=replica_id)

@@ -96,6 +96,6 @@ def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str,
     from services.dock.registry import ReplicaRegistry
     from services.rollout.dock_worker import DockWorker
 
-    dock = Dock.from_config(cfg, token=token, redis_url=redis_url)
+    dock = Dock.from_config(cfg, token=token, redis_url=redis_url, holder=engine.replica_id)
     registry = ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s)
     return DockWorker(engine, dock, registry, cfg, address)

@@ -13,7 +13,6 @@ import json
 import logging
 import time
 
-import torch
 
 from services.common.auth import resolve_token
 from services.common.config import Config
@@ -22,6 +21,8 @@ from services.common.preprocess import load_prompts
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
+from services.dock.scripts import DockMissing
+from services.trainer.checkpoint import latest_step
 from services.trainer.iteration_data import RunAccounting, ack_batch, collect_iteration
 from services.trainer.prompt_stream import PromptStream
 from services.trainer.rollout_sync import ReplicaSync
@@ -46,6 +47,15 @@ def _evaluate(session: TrainerSession, sync: ReplicaSync, eval_sets: dict, step:
     if results:
         run_log.log(step, {f"eval/{k}": v for k, v in results.items()})
     return results
+
+
+def _report_lost_dock(logger, session: TrainerSession, exc: DockMissing) -> None:
+    """Says which iteration failed because the dock's state is gone, and where --resume will continue."""
+    saved = latest_step(session.cfg.megatron_training.save) if session.cfg.megatron_training.save else None
+    resume = (f"`dockrl trainer train --resume` continues from the checkpoint of step {saved}" if saved is not None
+              else "no checkpoint to resume from (megatron_training.save / save_interval)")
+    log_event(logger, "iteration failed: the dock's state is gone", level=logging.ERROR, step=session.step + 1, error=str(exc),
+              cause="Redis came back without the run's keys (restarted without AOF, or flushed)", resume=resume)
 
 
 def train(cfg: Config, resume: bool = False, host: str | None = None, port: int | None = None) -> int:
@@ -126,6 +136,10 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
             (run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         session.control.set_state("done")
         return 0
+    except DockMissing as exc:
+        session.control.set_state("failed")
+        _report_lost_dock(logger, session, exc)
+        return 1
     except Exception:
         session.control.set_state("failed")
         logging.getLogger("dockrl.trainer").exception("training failed")

@@ -114,6 +114,8 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
     """Claims complete, scored groups until `rows_wanted` rows are held; raises Unavailable on timeout.
 
     `on_wait(seconds_waited)` is called about once a second while nothing new arrives (progress logs).
+    The groups already held are renewed while waiting: the wait for the rest (e.g. rows of a dead
+    worker coming back after their lease) may outlast the lease on the first ones.
     """
     batch = ScoredBatch.empty()
     n = dock.layout.n_samples_per_prompt
@@ -123,6 +125,8 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
         if claim is not None:
             batch.extend(claim)
             continue
+        for held in batch.claims:
+            dock.renew(held.lease, held.indexes)
         waited = time.monotonic() - start
         if waited > timeout_s:
             raise Unavailable(
@@ -148,8 +152,9 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, on_wai
 
     def one_round() -> ScoredBatch:
         groups = dock.begin_iteration(gbs)
-        put_prompts(dock, groups, stream.take(len(groups)))
-        accounting.record_put(len(groups), n)
+        if groups:  # none free: the pool is full of groups carried over (e.g. from before a trainer restart)
+            put_prompts(dock, groups, stream.take(len(groups)))
+            accounting.record_put(len(groups), n)
         batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s, on_wait=on_wait)
         accounting.record_collected(batch, n)
         return batch

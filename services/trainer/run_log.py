@@ -5,8 +5,8 @@ import json
 import math
 import pathlib
 
-CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, unseen by the warm start"),
-          ("eval/test_accuracy", "accuracy, unseen by warm start and RL"))
+CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, prompts RL trains on"),
+          ("eval/test_accuracy", "accuracy, prompts held out from RL"))
 
 
 class RunLog:

@@ -25,7 +25,7 @@ def warm_model(tmp_path_factory) -> pathlib.Path:
 def _paths(base: pathlib.Path) -> list[str]:
     return [
         f"megatron_training.load={base}/model", f"megatron_training.tokenizer_name_or_path={base}/model",
-        f"megatron_training.data_path={base}/data/train", f"trainer.eval_data_path={base}/data/warm_start_unseen",
+        f"megatron_training.data_path={base}/data/train", f"trainer.eval_data_path={base}/data/train",
         f"trainer.test_data_path={base}/data/test",
         f"arithmetic.out_dir={base}/raw",
     ]

@@ -3,6 +3,7 @@ import dataclasses
 import shutil
 import signal
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -10,9 +11,10 @@ import pytest
 import redis
 
 from services.common.config import Config, DockConfig
-from services.common.errors import Unauthenticated
+from services.common.errors import Unauthenticated, Unavailable
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
+from services.dock.scripts import DockMissing
 from tests.conftest import free_port, start_redis_server, stop_redis_server
 
 pytestmark = pytest.mark.service
@@ -102,3 +104,37 @@ def test_the_client_connects_over_tls_with_the_configured_ca(tmp_path):
             Dock.from_config(_config(f"redis://127.0.0.1:{port}/0", redis_tls=True)).client.ping()
     finally:
         stop_redis_server(proc)
+
+
+def test_the_client_waits_for_a_restarting_redis_and_a_lost_dock_is_never_half_made(tmp_path):
+    proc, url = start_redis_server(tmp_path, "--appendonly", "yes")
+    port = redis.Redis.from_url(url).connection_pool.connection_kwargs["port"]
+    dock = Dock.from_config(_config(url, reconnect_timeout_s=120.0))
+    dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=2))
+    dock.put([0, 1], {"prompts": [[5], [6]]})
+    stop_redis_server(proc)  # SIGTERM: Redis writes the AOF out as it stops
+    restarted = []
+
+    def restart_later():
+        time.sleep(1.0)  # so the call below starts while Redis is down
+        restarted.append(start_redis_server(tmp_path, "--appendonly", "yes", port=port))
+
+    restart = threading.Thread(target=restart_later)
+    restart.start()
+    try:
+        stats = dock.stats()  # issued while Redis is down: retried with backoff until it is back
+        assert (stats.admitted_rows, stats.live_rows) == (2, 2)
+    finally:
+        restart.join()
+        stop_redis_server(restarted[0][0])
+    # Back without its AOF: the run's keys are gone, and recording a policy version must not make a half dock.
+    proc, url = start_redis_server(tmp_path, "--appendonly", "no", port=port)
+    try:
+        with pytest.raises(DockMissing, match="no dock under dur:r1:"):
+            dock.set_policy_version(3)
+        assert not dock.client.exists(dock.keys.meta)
+    finally:
+        stop_redis_server(proc)
+    gone = Dock.from_config(_config(url, reconnect_timeout_s=0.5))
+    with pytest.raises(Unavailable, match="redis"):
+        gone.stats()

@@ -63,3 +63,11 @@ def test_an_iteration_passes_every_row_through_every_consumer_once(dock_factory)
     scores = [float(s) for s in dock.read(rows, ["rm_scores"])["rm_scores"]]
     assert scores == [float(i % 2 == 1) for i in rows]  # odd rows' labels match the rollout's answer
     assert dock.begin_iteration(GBS) == list(range(GBS)) and dock.stats().retired_groups == GBS
+    # The books: every row that entered was trained and retired; none is live, none unaccounted.
+    books = dock.stats()
+    assert (books.admitted_rows, books.live_rows, books.unaccounted_rows()) == (GBS * N, 0, 0)
+    dock.put([0, 1], {"prompts": [[1], [2]]})
+    dock.put([0, 1], {"prompts": [[3], [4]]})  # the same slots again: not admitted twice
+    dock.clear()
+    books = dock.stats()
+    assert (books.admitted_rows, books.cleared_rows, books.unaccounted_rows()) == (GBS * N + 2, 2, 0)

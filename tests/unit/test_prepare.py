@@ -11,16 +11,16 @@ def test_prepare_builds_each_piece_once(tmp_path):
         "megatron_training": {"load": str(tmp_path / "model"), "tokenizer_name_or_path": str(tmp_path / "model"),
                               "data_path": str(tmp_path / "data/train")},
         "rl_config": {"n_samples_per_prompt": 2},
-        "trainer": {"eval_data_path": str(tmp_path / "data/unseen"), "test_data_path": str(tmp_path / "data/test")},
-        "init_model": {"warm_start_accuracy": 0.99, "warm_start_max_steps": 25},
+        "trainer": {"eval_data_path": str(tmp_path / "data/train"), "test_data_path": str(tmp_path / "data/test")},
+        "init_model": {"warm_start_accuracy": 0.99, "warm_start_max_steps": 25, "warm_start_boxed_fraction": 0.3},
         "arithmetic": {"out_dir": str(tmp_path / "raw"), "ops": ["+", "-"]},
     })
     done = prepare_run(cfg)
     assert len(done) == 3, done
-    train, unseen, test = (load_prompts(tmp_path / f"data/{name}") for name in ("train", "unseen", "test"))
-    assert (len(train), len(unseen), len(test)) == (160, 80, 40)
+    train, test = (load_prompts(tmp_path / f"data/{name}") for name in ("train", "test"))
+    assert (len(train), len(test)) == (160, 40)
     assert not {r.prompt for r in train} & {r.prompt for r in test}
-    assert {r.prompt for r in unseen} < {r.prompt for r in train}
     marker = json.loads((tmp_path / "model/warm_start.json").read_text())
-    assert 0.0 <= marker["train_probe_accuracy"] < 0.99  # 25 steps cannot reach the target: it stopped at the limit
+    assert 0.0 <= marker["answered"] < 0.99  # 25 steps cannot reach the target: it stopped at the limit
+    assert marker["scored"] <= min(marker["answered"], marker["boxed"])
     assert prepare_run(cfg) == []

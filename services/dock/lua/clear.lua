@@ -1,7 +1,8 @@
 -- clear: ARGV digest, scope (pool | all). Empties the pool; the layout, the token and the
--- requeued counter stay, unless scope is all (the run's every key goes).
+-- counters stay (the rows cleared count in `cleared`), unless scope is all (the run's every key goes).
 local meta, err = open(ARGV[1])
 if not meta then return err end
+redis.call('HINCRBY', k('meta'), 'cleared', redis.call('BITCOUNT', k('live')))
 delete_pool(meta)
 if ARGV[2] == 'all' then
   redis.call('DEL', k('meta'), k('consumers'))

@@ -34,11 +34,14 @@ if present ~= #stage_keys then
 end
 local n = tonumber(meta.n)
 
+local admitted = 0
 for _, row in ipairs(rows) do
   if redis.call('SETBIT', k('live'), row, 1) == 0 then
+    admitted = admitted + 1
     redis.call('ZADD', k('age'), 'NX', 0, math.floor(tonumber(row) / n))
   end
 end
+if admitted > 0 then redis.call('HINCRBY', k('meta'), 'admitted', admitted) end
 for c = 0, ncols - 1 do
   local name, appendable = ARGV[10 + nrows + 2 * c], ARGV[11 + nrows + 2 * c] == '1'
   local ready_key = k('ready:' .. name)

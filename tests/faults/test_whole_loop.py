@@ -1,0 +1,159 @@
+"""The whole loop under faults: Redis, two rollout replicas, two reward workers and the trainer run as
+real processes; one run takes, in turn, a SIGKILL of a rollout replica and of a reward worker while
+they hold rows, a Redis restart on its AOF, a SIGKILL of the trainer and a restart with --resume,
+and a Redis that comes back empty (no AOF). The run reaches its last step, and the dock accounts
+for every sample: each row that entered the pool is live, or was trained once and retired.
+
+One run carries every fault because starting the vLLM replicas dominates the test's time.
+"""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.faults.loop_harness import LoopSystem, wait_for
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+AREA = "whole loop"
+GBS, N = 4, 4  # groups per iteration, samples per group
+ITERS = 12
+LEASE_S = 10  # short leases: a dead worker's rows come back within seconds
+OUTAGE_S = 3.0  # how long Redis stays down, so every service sees the outage
+
+
+def _overrides(tmp) -> list[str]:
+    return [
+        f"megatron_training.load={tmp}/model", f"megatron_training.tokenizer_name_or_path={tmp}/model",
+        f"megatron_training.data_path={tmp}/data/train", f"arithmetic.out_dir={tmp}/raw",
+        "trainer.eval_data_path=", "trainer.test_data_path=", "init_model.warm_start_accuracy=0",
+        f"trainer.log_dir={tmp}/logs", f"megatron_training.save={tmp}/ckpt", "megatron_training.save_interval=1",
+        f"megatron_training.train_iters={ITERS}", f"megatron_training.global_batch_size={GBS}", f"rl_config.n_samples_per_prompt={N}",
+        # One group per claim, so both replicas of each kind take part in every iteration.
+        f"rl_config.actor_rollout_dispatch_size={N}", f"rl_config.reward_dispatch_size={N}",
+        "rollout.replicas=2", "reward.replicas=2", f"dock.lease_seconds={LEASE_S}",
+        "rollout.grpc_port=0", "rollout.http_port=0", "reward.grpc_port=0", "trainer.grpc_port=0",
+    ]
+
+
+@pytest.fixture
+def loop(tmp_path):
+    system = LoopSystem(tmp_path, _overrides(tmp_path))
+    try:
+        system.start()
+        yield system
+    finally:
+        system.close()
+
+
+def test_the_loop_survives_dead_workers_a_dead_trainer_and_redis_restarts(loop, fault_log):
+    loop.wait_steps(1, timeout_s=900)  # start-up: two vLLM replicas and the trainer on a small CPU
+    for name, consumer, what in (("rollout-1", "actor_rollout", "a rollout replica"), ("reward-1", "rule_reward", "a reward worker")):
+        _worker_killed_mid_batch(loop, fault_log, name, consumer, what)
+    _redis_restarted_on_its_aof(loop, fault_log)
+    _trainer_killed_and_resumed(loop, fault_log)
+    _every_sample_accounted_for(loop, fault_log, "after the kills, the Redis restart and the trainer resume", first_step=1)
+    new_dock_from = _redis_back_empty_without_aof(loop, fault_log)
+    _every_sample_accounted_for(loop, fault_log, "at the end of the run (the dock the resumed trainer made)", first_step=new_dock_from)
+
+
+def _worker_killed_mid_batch(loop: LoopSystem, fault_log, name: str, consumer: str, what: str) -> None:
+    kill = loop.kill_while_holding(name, consumer)
+    before = loop.steps()
+    # The iteration it was killed in completes, and the next one too, with the remaining replica.
+    after = loop.wait_steps(len(before) + 2)
+    requeued = loop.stats().requeued - kill.requeued_before
+    fault_log.check(
+        AREA, f"{what} ({name}) SIGKILLed while holding {len(kill.rows)} leased {consumer} rows, mid-iteration",
+        f"its rows requeue when the {LEASE_S} s lease ends; the other replica finishes them; the iteration completes",
+        f"{requeued} rows requeued; steps {before[-1] if before else 0} -> {after[-1]} completed",
+        requeued >= len(kill.rows) and _each_step_once(after))
+
+
+def _redis_restarted_on_its_aof(loop: LoopSystem, fault_log) -> None:
+    before_stats, before = loop.stats(), loop.steps()
+    loop.stop_redis(signal.SIGTERM)  # a restart: Redis writes its AOF out as it stops
+    time.sleep(OUTAGE_S)
+    loop.start_redis(aof=True)
+    reloaded = loop.stats()
+    after = loop.wait_steps(len(before) + 2)
+    survivors = [name for name in ("rollout-0", "reward-0", "trainer") if loop.procs[name].poll() is None]
+    fault_log.check(
+        AREA, f"Redis (AOF everysec) stopped for {OUTAGE_S:.0f} s and restarted on its AOF mid-run",
+        "every service reconnects with backoff; the run continues from the dock state Redis reloaded",
+        f"dock reloaded with {reloaded.admitted_rows} admitted rows (had {before_stats.admitted_rows}) and "
+        f"{reloaded.retired_groups} retired groups; still running: {', '.join(survivors)}; steps {before[-1]} -> {after[-1]}",
+        len(survivors) == 3 and reloaded.admitted_rows >= before_stats.admitted_rows > 0
+        and reloaded.retired_groups >= before_stats.retired_groups and _each_step_once(after))
+
+
+def _each_step_once(steps: list[int]) -> bool:
+    """The metrics log holds steps 1, 2, ... in order: none skipped, none trained twice."""
+    return steps == list(range(1, len(steps) + 1))
+
+
+def _at_a_checkpoint(loop: LoopSystem) -> int:
+    """Waits until the last logged step has its checkpoint; returns that step."""
+    wait_for(lambda: loop.steps() and loop.checkpoint_step() == loop.steps()[-1], 600, "a checkpoint of the last step",
+             loop.procs["trainer"])
+    return loop.steps()[-1]
+
+
+def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
+    saved = _at_a_checkpoint(loop)
+    loop.kill("trainer")
+    logged = len(loop.steps())
+    served, generated = loop.served_version("rollout-0"), loop.generated_version("rollout-0")
+    loop.start_trainer(resume=True)
+    after = loop.wait_steps(logged + 2)
+    resumed_at = after[logged]
+    pushed = loop.served_version("rollout-0")
+    fault_log.check(
+        AREA, f"the trainer SIGKILLed after the checkpoint of step {saved}, restarted with --resume",
+        f"it continues at step {saved + 1}; the replica serves version {saved} meanwhile and takes the next push",
+        f"resumed at step {resumed_at}; meanwhile the replica served version {served} (Generate answered by {generated}); "
+        f"after the resume it serves {pushed}",
+        resumed_at == saved + 1 and served == generated == saved and pushed > saved and _each_step_once(after))
+
+
+def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_step: int) -> None:
+    """Checks the dock's books against the steps trained since `first_step` (when this dock was made)."""
+    stats, steps = loop.stats(), loop.steps()
+    trained_groups = (steps[-1] - first_step + 1) * GBS
+    # The last iteration's groups are acked, and retired when the next iteration begins.
+    retired_ok = stats.retired_groups in (trained_groups - GBS, trained_groups)
+    fault_log.check(
+        AREA, f"accounting {when}",
+        "every row that entered the dock is live or was trained once and retired; no row lost",
+        f"{stats.admitted_rows} rows admitted = {stats.live_rows} live + {stats.retired_groups} retired groups x {N} "
+        f"+ {stats.cleared_rows} cleared (unaccounted {stats.unaccounted_rows()}); {trained_groups} groups trained",
+        stats.unaccounted_rows() == 0 and retired_ok)
+
+
+def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
+    """Returns the first step trained on the new dock."""
+    saved = _at_a_checkpoint(loop)
+    trainer = loop.procs["trainer"]
+    loop.stop_redis(signal.SIGKILL)
+    loop.start_redis(aof=False)  # comes back empty: the run's keys are gone
+    wait_for(lambda: trainer.poll() is not None, 600, "the trainer to fail the iteration")
+    log = loop.log("trainer")
+    line = next((line for line in log.splitlines() if "the dock's state is gone" in line), "")
+    message = line[line.find("iteration failed"):] if line else ""
+    fault_log.check(
+        AREA, f"Redis SIGKILLed after step {saved} and restarted without AOF (empty)",
+        f"the trainer fails iteration {saved + 1} with an error naming the lost dock and the checkpoint to resume from",
+        f"exit {trainer.returncode}: {message}",
+        trainer.returncode != 0 and f"step={saved + 1}" in message and f"checkpoint of step {saved}" in message)
+    logged = len(loop.steps())
+    resumed = loop.start_trainer(resume=True)
+    wait_for(lambda: resumed.poll() is not None, 900, "the resumed run to finish")
+    after = loop.steps()
+    fault_log.check(
+        AREA, f"`dockrl trainer train --resume` after the empty Redis",
+        f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {ITERS}",
+        f"exit {resumed.returncode}; steps after the resume: {after[logged:]}",
+        resumed.returncode == 0 and after[logged:] == list(range(saved + 1, ITERS + 1)))
+    return saved + 1
