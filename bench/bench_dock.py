@@ -47,6 +47,7 @@ class IterationData:
 
     @classmethod
     def make(cls, rows: int, prompt_len: int, response_len: int, seed: int = 0) -> IterationData:
+        """Random token ids and floats: `prompt_len`-token prompts, responses of 1..`response_len` tokens."""
         rng = np.random.default_rng(seed)
         lengths = rng.integers(1, response_len + 1, rows)
         return cls(rows, {
@@ -62,6 +63,7 @@ class IterationData:
         })
 
     def columns(self, names, rows: list[int]) -> dict[str, list]:
+        """The values of `names` at `rows`, as a put takes them."""
         return {name: [self.values[name][r] for r in rows] for name in names}
 
 
@@ -150,6 +152,7 @@ def measure(client, rows: int, prompt_len: int, response_len: int, claims: int, 
 
 
 def spec_dtype(column: str) -> str:
+    """The dtype the dock's default layout gives `column` (the baseline encodes values as the dock does)."""
     from services.dock.schema import DEFAULT_COLUMNS
 
     return next(c.dtype for c in DEFAULT_COLUMNS if c.name == column)

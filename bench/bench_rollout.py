@@ -81,6 +81,7 @@ class OfflineEngine:
         raise RuntimeError(f"the offline engine exited; see {self._log.name}")
 
     def rep(self, count: int) -> float:
+        """Seconds of one LLM.generate over the first `count` prompts."""
         self.proc.stdin.write(f"{count}\n")
         self.proc.stdin.flush()
         return float(self._answer())

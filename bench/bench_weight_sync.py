@@ -91,6 +91,7 @@ def main() -> int:
     version = itertools.count(1)
 
     def push(k: int, mode: str, bucket_mb: float):
+        """A path that pushes the model to the first `k` replicas and returns the push's seconds."""
         def run() -> float:
             # a bounded wait: a replica whose engine died mid-push (e.g. killed for memory) must fail the run, not hang it
             result = push_weights(state, addresses[:k], next(version), bucket_mb=bucket_mb, mode=mode, timeout_s=300)

@@ -65,6 +65,7 @@ def ratio(label: str, value: float, at_most: float | None = None, at_least: floa
 
 
 def median(values: Sequence[float]) -> float:
+    """The median of one path's repetitions."""
     return statistics.median(values)
 
 
@@ -113,6 +114,7 @@ class ModelSize:
     vocab: int = 0  # 0: the byte tokenizer's padded vocabulary (320)
 
     def describe(self) -> str:
+        """The shapes, for progress lines."""
         vocab = f" vocab {self.vocab}" if self.vocab else ""
         return f"hidden {self.hidden}, {self.layers} layers, {self.heads}/{self.kv_heads} heads, intermediate {self.intermediate}{vocab}"
 
