@@ -28,6 +28,9 @@ class DockMissing(FailedPrecondition):
 _ERROR_TAGS = {
     "DOCK_NOT_CREATED": DockMissing, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
     "DOCK_STAGE": Unavailable,
+    # Redis's own replies for states that pass (a long script running, a replica failing over):
+    # callers wait and ask again, as for a lost connection, instead of dying on a raw error.
+    "BUSY": Unavailable, "MASTERDOWN": Unavailable, "READONLY": Unavailable, "TRYAGAIN": Unavailable,
 }
 
 
@@ -41,11 +44,7 @@ class DockScripts:
     def run(self, name: str, base: str, *args):
         """Runs script `name` with KEYS = [base] and ARGV = args; raises typed errors for tagged replies."""
         with redis_errors():
-            try:
-                return self._scripts[name](keys=[base], args=list(args))
-            except redis.ResponseError as exc:
-                raise_tagged(exc)
-                raise
+            return self._scripts[name](keys=[base], args=list(args))
 
     def queue(self, pipe: redis.client.Pipeline, name: str, base: str, *args) -> None:
         """Adds script `name` to `pipe`, to run after the commands queued before it."""
@@ -65,18 +64,22 @@ def execute(pipe: redis.client.Pipeline) -> list:
 
 
 def raise_tagged(exc: redis.ResponseError) -> None:
-    """Raises the typed error of a tagged dock reply; returns for any other error."""
+    """Raises the typed error of a tagged dock reply or a passing Redis state; returns for any other error."""
     tag, _, message = str(exc).partition(" ")
     if tag in _ERROR_TAGS:
-        raise _ERROR_TAGS[tag](message) from None
+        raise _ERROR_TAGS[tag](message if tag.startswith("DOCK_") else f"redis: {exc}") from None
 
 
 @contextlib.contextmanager
 def redis_errors():
-    """Turns redis-py's connection and authentication failures into Unavailable / Unauthenticated."""
+    """Turns redis-py's connection and authentication failures, tagged dock replies and passing Redis
+    states (BUSY, ...) into typed errors; any other reply error is raised as it is."""
     try:
         yield
     except redis.AuthenticationError as exc:
         raise Unauthenticated(f"redis refused the credentials (dock.redis_username / redis_password): {exc}") from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise Unavailable(f"redis: {exc}") from None
+    except redis.ResponseError as exc:
+        raise_tagged(exc)
+        raise

@@ -138,3 +138,32 @@ def test_the_client_waits_for_a_restarting_redis_and_a_lost_dock_is_never_half_m
     gone = Dock.from_config(_config(url, reconnect_timeout_s=0.5))
     with pytest.raises(Unavailable, match="redis"):
         gone.stats()
+
+
+def test_a_busy_redis_is_a_passing_unavailable_and_the_dock_serves_after_it(tmp_path):
+    # A long script (another tenant's, or a huge put) makes Redis answer BUSY to everyone: callers
+    # must see Unavailable, which every worker waits out, not a raw reply error that ends them.
+    proc, url = start_redis_server(tmp_path, "--busy-reply-threshold", "100")
+    try:
+        dock = Dock.from_config(_config(url))
+        dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=2))
+        blocker = threading.Thread(target=lambda: pytest.raises(redis.ResponseError, redis.Redis.from_url(url).eval,
+                                                                "while true do end", 0))
+        blocker.start()
+        admin = redis.Redis.from_url(url)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                dock.policy_version()
+            except Unavailable as exc:
+                assert "BUSY" in str(exc)
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("Redis never answered BUSY while the script ran")
+        admin.script_kill()
+        blocker.join(10)
+        dock.put([0, 1], {"prompts": [[5], [6]]})
+        assert dock.stats().live_rows == 2
+    finally:
+        stop_redis_server(proc)
