@@ -13,7 +13,6 @@ import json
 import logging
 import time
 
-
 from services.common.auth import resolve_token
 from services.common.config import Config
 from services.common.log import log_event, setup_logging
