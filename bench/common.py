@@ -3,7 +3,8 @@ how ratios are printed.
 
 Every script measures its paths side by side in one run: the repetitions are interleaved (A, B,
 C, A, B, C, ...) so load from other jobs on the machine hits every path alike; times and rates
-are medians, and a ratio of two interleaved paths is the median of their per-repetition ratios. Each ratio is printed on a line of its own that starts with `ratio ` (tests/unit/
+are medians, and a ratio of two interleaved paths is the median of their per-repetition ratios.
+Each ratio is printed on a line of its own that starts with `ratio ` (tests/service/
 test_bench_quick.py looks for them), with the issue's goal and whether this run met it.
 """
 from __future__ import annotations
