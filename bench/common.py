@@ -14,7 +14,6 @@ import contextlib
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -196,31 +195,17 @@ def stop_all(replicas: Sequence) -> None:
 
 @contextlib.contextmanager
 def private_redis(directory: pathlib.Path) -> Iterator[str]:
-    """A redis-server of this benchmark alone on a free loopback port (no persistence); yields its URL."""
-    import redis
+    """A redis-server of this benchmark alone on a free loopback port (no persistence); yields its URL.
 
-    from services.launch.redis_local import free_port
+    Started as `dockrl up` starts its own (services/launch/redis_local.py), log under `directory`.
+    """
+    from services.launch.process_group import ProcessGroup
+    from services.launch.redis_local import start_local_redis
 
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         raise SystemExit("redis-server is not installed: run scripts/setup.sh, or pass --redis-url")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(directory), "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    group = ProcessGroup(directory)
     try:
-        client = redis.Redis.from_url(url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start on port {port}")
-                time.sleep(0.05)
-        client.close()
-        yield url
+        yield start_local_redis(group, directory, durability=False)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        group.stop()
