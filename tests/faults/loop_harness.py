@@ -26,6 +26,7 @@ from services.launch.plan import plan_processes, write_resolved_config
 from services.launch.prepare import prepare_run
 from services.launch.process_group import ProcessGroup, ProcessSpec
 from services.launch.redis_local import free_port
+from tests.conftest import redis_answers, start_redis_server
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -115,12 +116,9 @@ class LoopSystem:
         data = self.tmp / "redis"
         data.mkdir(exist_ok=True)
         flags = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
-        with (self.tmp / "redis.log").open("ab") as log:
-            self.redis_proc = subprocess.Popen(
-                ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port), "--dir", str(data), "--save", "", *flags],
-                stdout=log, stderr=subprocess.STDOUT)
-        client = redis.Redis(port=self.redis_port)
-        wait_for(lambda: _answers(client), 60, "redis-server to answer", self.redis_proc)
+        self.redis_proc, url = start_redis_server(data, *flags, port=self.redis_port)
+        # start_redis_server waits a few seconds; loading an AOF on a loaded machine may take longer.
+        wait_for(lambda: redis_answers(url), 60, "redis-server to answer", self.redis_proc)
 
     def stop_redis(self, sig: int) -> None:
         """Stops redis-server with `sig` (SIGTERM: it flushes the AOF first; SIGKILL: it does not)."""
@@ -241,13 +239,6 @@ class LoopSystem:
 
     def log(self, name: str) -> str:
         return (self.log_dir / "services" / f"{name}.log").read_text(errors="replace")
-
-
-def _answers(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
 
 
 def _killpg(pid: int, sig: int) -> None:
