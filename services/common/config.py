@@ -161,8 +161,8 @@ class RolloutServiceConfig:
     """Where rollout replicas listen and how much they queue."""
 
     host: str = "127.0.0.1"  # bind address
-    grpc_port: int = 50051  # gRPC port of the first replica (replica i: + i); 0: a free port each
-    http_port: int = 8000  # OpenAI-compatible HTTP port of the first replica (replica i: + i); 0: a free port each
+    grpc_port: int = 50051  # gRPC port of the first replica (replica i: + i); 0: each binds a free one
+    http_port: int = 8000  # OpenAI-compatible HTTP port of the first replica (replica i: + i); 0: each binds a free one
     replicas: int = 1  # replicas `dockrl up` starts
     max_queue: int = 256  # requests waiting or running; past it 429 / RESOURCE_EXHAUSTED
     served_model_name: str = ""  # default: the model directory's name

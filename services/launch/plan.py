@@ -9,7 +9,6 @@ import yaml
 
 from services.common.config import Config, config_to_dict
 from services.launch.process_group import ProcessSpec
-from services.launch.redis_local import free_port
 
 
 def _cpu_binds(count: int) -> list[str]:
@@ -31,13 +30,14 @@ def write_resolved_config(cfg: Config, redis_url: str, path: pathlib.Path) -> pa
 
 
 def _port(base: int, i: int) -> int:
-    """Replica i's port: base + i, or a free port when the config says 0."""
-    return base + i if base else free_port()
+    """Replica i's port: base + i, or 0 when the config says 0 (the service binds a free one and writes it to its ready file)."""
+    return base + i if base else 0
 
 
-def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str) -> list[ProcessSpec]:
-    """Rollout replicas, reward replicas and the trainer, in start order."""
+def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str, ready_dir: pathlib.Path) -> list[ProcessSpec]:
+    """Rollout replicas, reward replicas and the trainer, in start order; the servers write their bound ports under `ready_dir`."""
     python = sys.executable
+    ready_dir.mkdir(parents=True, exist_ok=True)
     conf = ["--config", str(config_path)]
     specs = []
     binds = _cpu_binds(cfg.rollout.replicas)
@@ -47,13 +47,17 @@ def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str) -> li
             env["VLLM_CPU_OMP_THREADS_BIND"] = binds[i]
         else:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cfg.rollout.omp_threads_bind
+        ready = str(ready_dir / f"rollout-{i}.json")
         specs.append(ProcessSpec(f"rollout-{i}", (
             python, "-m", "services.rollout", "serve", *conf, "--model", cfg.megatron_training.load,
             "--grpc-port", str(_port(cfg.rollout.grpc_port, i)), "--http-port", str(_port(cfg.rollout.http_port, i)), "--dock", redis_url,
-        ), env))
+            "--ready-file", ready,
+        ), env, ready_file=ready))
     for i in range(cfg.reward.replicas):
+        ready = str(ready_dir / f"reward-{i}.json")
         specs.append(ProcessSpec(f"reward-{i}", (
             python, "-m", "services.reward", "serve", *conf, "--port", str(_port(cfg.reward.grpc_port, i)), "--dock",
-        )))
+            "--ready-file", ready,
+        ), ready_file=ready))
     specs.append(ProcessSpec("trainer", (python, "-m", "services.trainer", "train", *conf, "--port", str(_port(cfg.trainer.grpc_port, 0)))))
     return specs

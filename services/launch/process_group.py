@@ -17,6 +17,7 @@ class ProcessSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     essential: bool = True  # its exit (any code) ends the run; non-essential ones may exit 0 early
+    ready_file: str = ""  # where the service writes the ports it bound once serving ('' = it writes none)
 
 
 @dataclass
@@ -36,6 +37,8 @@ class ProcessGroup:
 
     def start(self, spec: ProcessSpec) -> subprocess.Popen:
         """Starts `spec`; stdout and stderr go to log_dir/<name>.log."""
+        if spec.ready_file:
+            pathlib.Path(spec.ready_file).unlink(missing_ok=True)  # a previous run's ports would be read as this one's
         log_path = self.log_dir / f"{spec.name}.log"
         log = log_path.open("ab")
         popen = subprocess.Popen(

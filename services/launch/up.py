@@ -15,10 +15,11 @@ import time
 
 from services.common.config import load_config
 from services.common.log import log_event, setup_logging
+from services.common.ready_file import read_ready_file
 from services.launch.health_probe import wait_serving
 from services.launch.plan import plan_processes, write_resolved_config
 from services.launch.prepare import prepare_run
-from services.launch.process_group import ProcessGroup
+from services.launch.process_group import ProcessGroup, ProcessSpec
 from services.launch.redis_local import start_local_redis
 
 
@@ -30,10 +31,18 @@ def _raise_interrupt(signum, frame):
     raise _Interrupted()
 
 
-def _health_address(argv: tuple[str, ...]) -> str | None:
-    for flag in ("--grpc-port", "--port"):
-        if flag in argv:
-            return f"127.0.0.1:{argv[argv.index(flag) + 1]}"
+def _wait_ready(group: ProcessGroup, spec: ProcessSpec, timeout_s: float) -> str | None:
+    """The gRPC address of `spec` once it wrote its ready file and answers SERVING; None when it (or any
+    other service) exited first or `timeout_s` passed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and group.first_exit() is None:
+        ports = read_ready_file(spec.ready_file)
+        if ports is None:
+            time.sleep(0.5)
+            continue
+        address = f"127.0.0.1:{ports['grpc_port']}"
+        if wait_serving(address, timeout_s=5.0):
+            return address
     return None
 
 
@@ -77,7 +86,7 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
     try:
         redis_url = cfg.dock.redis_url or start_local_redis(group, log_dir / "redis", cfg.dock.durability)
         resolved = write_resolved_config(cfg, redis_url, log_dir / "config.yaml")
-        specs = plan_processes(cfg, resolved, redis_url)
+        specs = plan_processes(cfg, resolved, redis_url, log_dir / "services" / "ready")
         trainer_spec = specs[-1]
         if resume:
             trainer_spec = type(trainer_spec)(trainer_spec.name, (*trainer_spec.argv, "--resume"), trainer_spec.env)
@@ -85,14 +94,12 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
             group.start(spec)
             log_event(logger, "started", service=spec.name, log=str(group.log_dir / f"{spec.name}.log"))
         for spec in specs[:-1]:
-            address = _health_address(spec.argv)
-            deadline = time.monotonic() + start_timeout_s
-            while not wait_serving(address, timeout_s=5.0):
+            address = _wait_ready(group, spec, start_timeout_s)
+            if address is None:
                 failed = group.first_exit()
-                if failed or time.monotonic() > deadline:
-                    name = failed[0].name if failed else spec.name
-                    log_event(logger, "service failed to start", service=name, log_tail=group.log_tail(name))
-                    return 1
+                name = failed[0].name if failed else spec.name
+                log_event(logger, "service failed to start", service=name, log_tail=group.log_tail(name))
+                return 1
             log_event(logger, "serving", service=spec.name, address=address)
         trainer = group.start(trainer_spec)
         metrics_path, offset = log_dir / "metrics.jsonl", 0

@@ -19,6 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default: reward.grpc_port)")
     serve.add_argument("--dock", action="store_true",
                        help="also score the dock's completed response groups and put rm_scores back")
+    serve.add_argument("--ready-file", default=None,
+                       help="write {grpc_port, pid} as JSON here once the server accepts calls (how a launcher "
+                            "learns the port that --port 0 bound)")
 
     score = sub.add_parser("score", help="score one response against a label and print each verifier's part",
                            description="Score one response the way training would: same verifiers, weights, "
@@ -61,6 +64,7 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     import threading
 
     from services.common.log import log_event, setup_logging
+    from services.common.ready_file import write_ready_file
     from services.reward.pool import VerifierPool
     from services.reward.server import start_server
     from services.reward.worker import RewardWorker
@@ -74,6 +78,8 @@ def _serve(cfg, args: argparse.Namespace) -> int:
         host = args.host or cfg.reward.host
         server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
         print(f"reward server listening on {host}:{server.port}", flush=True)
+        if args.ready_file:
+            write_ready_file(args.ready_file, grpc_port=server.port)
         if cfg.reward.metrics_port:
             import prometheus_client
 

@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import pathlib
 import signal
 import socket
 from dataclasses import dataclass
@@ -15,6 +12,7 @@ import uvicorn
 from services.common.auth import resolve_token
 from services.common.config import Config
 from services.common.log import log_event
+from services.common.ready_file import write_ready_file
 from services.rollout.engine import RolloutEngine
 from services.rollout.grpc_server import start_grpc_server
 from services.rollout.http_server import build_app
@@ -69,9 +67,7 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
         await worker.register()
     log_event(log, "serving", model=engine.model_name, grpc_port=grpc_port, http_port=http_port, max_queue=engine.max_queue)
     if options.ready_file:
-        ready = pathlib.Path(options.ready_file)
-        ready.with_suffix(".tmp").write_text(json.dumps({"grpc_port": grpc_port, "http_port": http_port, "pid": os.getpid()}))
-        ready.with_suffix(".tmp").rename(ready)
+        write_ready_file(options.ready_file, grpc_port=grpc_port, http_port=http_port)
     tasks = [http_task, asyncio.create_task(stop.wait())]
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(stop)))

@@ -96,7 +96,7 @@ class LoopSystem:
         prepare_run(self.cfg)
         self.config_path = write_resolved_config(self.cfg, url, self.log_dir / "config.yaml")
         self.group = ProcessGroup(self.log_dir / "services")
-        self.specs = {spec.name: spec for spec in plan_processes(self.cfg, self.config_path, url)}
+        self.specs = {spec.name: spec for spec in plan_processes(self.cfg, self.config_path, url, self.log_dir / "services" / "ready")}
         for name in self.specs:
             if name != "trainer":
                 self.procs[name] = self.group.start(self.specs[name])

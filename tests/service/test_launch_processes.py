@@ -71,3 +71,13 @@ def test_local_redis_starts_answers_and_stops(tmp_path):
         assert client.config_get("bind")["bind"].startswith("127.0.0.1")
     with pytest.raises(redis.ConnectionError):
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+
+
+def test_start_removes_a_previous_runs_ready_file(tmp_path):
+    # A rerun in the same log directory must not read the last run's ports as this one's.
+    ready = tmp_path / "ready" / "svc.json"
+    ready.parent.mkdir()
+    ready.write_text('{"grpc_port": 1, "pid": 1}')
+    with ProcessGroup(tmp_path / "logs") as group:
+        group.start(ProcessSpec("svc", (sys.executable, "-c", "import time; time.sleep(60)"), ready_file=str(ready)))
+        assert not ready.exists()

@@ -13,6 +13,7 @@ import redis
 import yaml
 from transformers import AutoTokenizer
 
+from services.common.ready_file import read_ready_file
 from services.common.templates import load_templates
 from tests.conftest import free_port
 from services.common.tiny_model import build_tokenizer
@@ -41,7 +42,8 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
     }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.reward", "serve", "--config", str(tmp_path / "run.yaml"), "--port", "0", "--dock"],
+        [sys.executable, "-m", "services.reward", "serve", "--config", str(tmp_path / "run.yaml"), "--port", "0", "--dock",
+         "--ready-file", str(tmp_path / "ready.json")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "DOCKRL_LOG_LEVEL": "WARNING"},
     )
     client = redis.Redis.from_url(redis_url)
@@ -49,6 +51,7 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
         line = proc.stdout.readline()
         assert line.startswith("reward server listening on 127.0.0.1:"), line
         target = line.split()[-1]
+        assert f"127.0.0.1:{read_ready_file(tmp_path / 'ready.json')['grpc_port']}" == target
         time.sleep(1.5)  # the worker starts before the dock exists and must wait for it
         dock = Dock(client, prefix, "serve")
         dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=2, dispatch_sizes={CONSUMER: N}))
