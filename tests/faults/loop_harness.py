@@ -20,6 +20,7 @@ import redis
 
 from services.common.config import Config, load_config
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
+from services.common.ready_file import read_ready_file
 from services.dock.client import Dock, DockStats
 from services.dock.registry import ReplicaRegistry
 from services.launch.plan import plan_processes, write_resolved_config
@@ -209,9 +210,10 @@ class LoopSystem:
         return latest_step(self.save_dir)
 
     def address(self, name: str) -> str:
-        argv = self.specs[name].argv
-        flag = "--grpc-port" if "--grpc-port" in argv else "--port"
-        return f"127.0.0.1:{argv[argv.index(flag) + 1]}"
+        """The gRPC address of server `name`, from the ready file it writes once serving (it binds port 0)."""
+        ready = self.specs[name].ready_file
+        wait_for(lambda: read_ready_file(ready) is not None, 300, f"{name}'s ready file", self.procs[name])
+        return f"127.0.0.1:{read_ready_file(ready)['grpc_port']}"
 
     def replica_id(self, name: str) -> str:
         """The id service `name` registered under (its gRPC address identifies it)."""
