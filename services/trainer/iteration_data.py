@@ -17,6 +17,9 @@ from services.dock.client import Claim, Dock
 
 TRAIN_CONSUMER = "actor_train"
 TRAIN_COLUMNS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
+# One put is one Lua script, and Redis serves nobody else while it runs: 32768 prompt rows held it
+# ~1 s on a quiet 2-core machine (several under load), so prompts go in puts of at most this many rows.
+PROMPT_PUT_ROWS = 4096
 
 
 @dataclass
@@ -98,15 +101,24 @@ class RunAccounting:
 
 
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
-    """Writes each prompt into the n rows of its group slot; returns the rows written."""
+    """Writes each prompt into the n rows of its group slot, whole groups per put; returns the rows written.
+
+    Each put is all or nothing; when one fails (Redis gone past dock.reconnect_timeout_s) the
+    groups of the earlier ones stay in the dock, as after a trainer that died right after its put:
+    `--resume` keeps them and trains them.
+    """
     n = dock.layout.n_samples_per_prompt
-    rows = dock.rows_of(groups)
-    expanded = [p for p in prompts for _ in range(n)]
-    dock.put(rows, {
-        "prompts": [np.asarray(p.prompt_ids, dtype=np.int32) for p in expanded],
-        "prompt_length": [len(p.prompt_ids) for p in expanded],
-        "labels": [p.label for p in expanded],
-    })
+    per_put = max(1, PROMPT_PUT_ROWS // n)
+    rows = []
+    for first in range(0, len(groups), per_put):
+        chunk_rows = dock.rows_of(groups[first:first + per_put])
+        expanded = [p for p in prompts[first:first + per_put] for _ in range(n)]
+        dock.put(chunk_rows, {
+            "prompts": [np.asarray(p.prompt_ids, dtype=np.int32) for p in expanded],
+            "prompt_length": [len(p.prompt_ids) for p in expanded],
+            "labels": [p.label for p in expanded],
+        })
+        rows += chunk_rows
     return rows
 
 

@@ -71,3 +71,21 @@ def test_an_iteration_passes_every_row_through_every_consumer_once(dock_factory)
     dock.clear()
     books = dock.stats()
     assert (books.admitted_rows, books.cleared_rows, books.unaccounted_rows()) == (GBS * N + 2, 2, 0)
+
+
+def test_trainer_puts_a_large_iteration_in_whole_groups_and_every_row_arrives(dock_factory):
+    # More rows than one put carries: the prompts go in several puts, each of whole groups.
+    from services.common.preprocess import PromptRecord
+    from services.trainer.iteration_data import PROMPT_PUT_ROWS, put_prompts
+
+    n, groups = 8, PROMPT_PUT_ROWS // 8 * 2 + 3
+    dock = dock_factory(DockLayout(n_samples_per_prompt=n, capacity_groups=groups))
+    free = dock.begin_iteration(groups)
+    records = [PromptRecord(index=g, prompt=f"p{g}", prompt_ids=[g % 250, 1, 2], label=str(g)) for g in range(groups)]
+    rows = put_prompts(dock, free, records)
+    assert rows == dock.rows_of(free) and len(rows) == groups * n > 2 * PROMPT_PUT_ROWS
+    claim = dock.claim("actor_rollout", ["prompts", "labels"], len(rows))
+    assert sorted(claim.indexes) == rows
+    by_row = dict(zip(claim.indexes, claim.columns["labels"]))
+    assert all(by_row[r] == str(free.index(r // n)) for r in rows)
+    assert dock.stats().admitted_rows == len(rows)
