@@ -208,7 +208,7 @@ class DockConfig:
     prefix: str = "dockrl"  # Redis key prefix
     run_id: str = "default"  # run name; keys live under prefix:run_id
     lease_seconds: float = 120.0  # a claim returns to the pool if not put back within this time
-    durability: bool = False  # ask Redis for AOF with appendfsync everysec
+    durability: bool = False  # ask Redis for AOF with appendfsync always (a crash loses no acknowledged dock write)
     redis_password: str = ""  # Redis AUTH password
     redis_tls: bool = False  # connect to Redis over TLS
     redis_username: str = ""  # Redis ACL user; empty: the default user

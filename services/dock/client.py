@@ -310,9 +310,13 @@ class Dock:
         self._layout = None
 
     def enable_durability(self) -> None:
-        """Asks Redis for AOF with appendfsync everysec, and persists it to Redis's config file when it has one."""
+        """Asks Redis for AOF with appendfsync always, and persists it to Redis's config file when it has one.
+
+        always, not everysec: Redis then replies only after the write is on disk, so a crash never
+        takes back a claim, put or ack a service was told succeeded (a sample trained twice, or lost).
+        """
         self._call(self.client.config_set, "appendonly", "yes")
-        self._call(self.client.config_set, "appendfsync", "everysec")
+        self._call(self.client.config_set, "appendfsync", "always")
         if self._call(self.client.config_get, "appendonly").get("appendonly") != "yes":
             raise FailedPrecondition("redis refused appendonly yes; durability needs CONFIG SET rights")
         try:

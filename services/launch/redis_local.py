@@ -25,7 +25,7 @@ def start_local_redis(group: ProcessGroup, data_dir: str | pathlib.Path, durabil
     data.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data.resolve()), "--save", ""]
-    argv += ["--appendonly", "yes", "--appendfsync", "everysec"] if durability else ["--appendonly", "no"]
+    argv += ["--appendonly", "yes", "--appendfsync", "always"] if durability else ["--appendonly", "no"]
     group.start(ProcessSpec("redis", tuple(argv)))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -116,7 +116,7 @@ class LoopSystem:
         """redis-server on the run's port and data directory; with `aof` it loads and writes the AOF there."""
         data = self.tmp / "redis"
         data.mkdir(exist_ok=True)
-        flags = ["--appendonly", "yes", "--appendfsync", "everysec"] if aof else ["--appendonly", "no"]
+        flags = ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
         self.redis_proc, url = start_redis_server(data, *flags, port=self.redis_port)
         # start_redis_server waits a few seconds; loading an AOF on a loaded machine may take longer.
         wait_for(lambda: redis_answers(url), 60, "redis-server to answer", self.redis_proc)

@@ -58,11 +58,24 @@ def test_release_returns_rows_now_and_ack_ends_the_lease(dock):
     again = dock.claim("actor_rollout", ["prompts"], 8)
     assert again.indexes == [0, 1]
     assert not dock.all_consumed("actor_rollout")  # leases outstanding
+    with pytest.raises(StaleLease):
+        dock.ack(claim.lease, [0])  # released and taken by `again`: no longer this lease's row
     dock.ack(claim.lease, claim.indexes[2:])
     dock.ack(again.lease, again.indexes)
     assert dock.all_consumed("actor_rollout")
+
+
+def test_an_ack_sent_again_is_accepted_but_one_for_expired_rows_is_refused(dock):
+    # redis-py sends a call again when the connection drops before the reply; the first may have been applied.
+    claim = dock.claim("actor_rollout", ["prompts"], 4)
+    dock.ack(claim.lease, claim.indexes)
+    dock.ack(claim.lease, claim.indexes)
+    assert dock.stats().leased == {"actor_rollout": 0} and dock.stats().requeued == 0
+    late = dock.claim("actor_rollout", ["prompts"], 4)
+    time.sleep(LEASE_S + 0.1)
     with pytest.raises(StaleLease):
-        dock.ack(claim.lease, [0])  # released: no longer this lease's row
+        dock.ack(late.lease, late.indexes)  # expired and requeued: the rows are not done
+    assert dock.claim("actor_rollout", ["prompts"], 8).indexes == [4, 5, 6, 7]
 
 
 def test_all_consumed_turns_false_when_a_lease_expires(dock):
