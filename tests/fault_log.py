@@ -42,7 +42,7 @@ class FaultLog:
 
     def write(self, path: pathlib.Path | None = None) -> pathlib.Path:
         """Writes the rows as a JSON list (to `$DOCKRL_FAULT_TABLE` unless `path`)."""
-        out = path or pathlib.Path(os.environ.get("DOCKRL_FAULT_TABLE", DEFAULT_PATH))
+        out = path or pathlib.Path(os.environ.get("DOCKRL_FAULT_TABLE") or DEFAULT_PATH)  # set but empty: the default
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps([dataclasses.asdict(r) for r in self.rows], indent=1))
         return out
