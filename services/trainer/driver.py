@@ -82,7 +82,8 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
             sync.wait_for_replicas(timeout_s=600.0)
             sync.push_to_stale(weights, session.version)
             before = _evaluate(session, sync, eval_sets, session.step, run_log, logger)
-        for step in range(session.step + 1, mt.train_iters + 1):
+        first_step = session.step + 1
+        for step in range(first_step, mt.train_iters + 1):
             session.control.wait_while_paused()
             with session.control.step_lock:
                 t0 = time.perf_counter()
@@ -131,7 +132,8 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
             summary = {"steps": session.step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
                        "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
                        "eval_prompts": {k: len(v) for k, v in eval_sets.items()},
-                       "accounting": accounting.__dict__, "dock": dock.stats().__dict__}
+                       # this process's count: a run resumed with --resume counts from its first step here
+                       "accounting": {**accounting.__dict__, "from_step": first_step}, "dock": dock.stats().__dict__}
             (run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         session.control.set_state("done")
         return 0

@@ -6,6 +6,7 @@ each batch by broadcast and take part in every collective (update, weight gather
 """
 from __future__ import annotations
 
+import logging
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from services.common.config import Config
+from services.common.log import log_event
 from services.trainer.advantages import group_norm_advantages, ppo_targets
 from services.trainer.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
 from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
@@ -97,7 +99,9 @@ class TrainerSession:
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             _, world = _world()
             control.checkpoint_handler = session._checkpoint_handler if world == 1 else None
-            session.server, _ = start_server(control, host or cfg.trainer.host, cfg.trainer.grpc_port if port is None else port, token)
+            bind_host = host or cfg.trainer.host
+            session.server, bound = start_server(control, bind_host, cfg.trainer.grpc_port if port is None else port, token)
+            log_event(logging.getLogger("dockrl.trainer"), "control server listening", host=bind_host, port=bound)
             control.record_step(session.step, {}, session.version)
         return session
 

@@ -23,7 +23,7 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
 
     # Every sample put was trained exactly once: nothing lost, nothing twice, nothing left over.
     acc = summary["accounting"]
-    assert acc["rows_put"] == acc["rows_trained"] == iters * gbs * n
+    assert acc["rows_put"] == acc["rows_trained"] == iters * gbs * n and acc["from_step"] == 1
     assert acc["groups_trained"] == iters * gbs and acc["rows_dropped"] == 0
     assert summary["dock"]["requeued"] == 0
 

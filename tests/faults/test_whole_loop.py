@@ -8,6 +8,7 @@ One run carries every fault because starting the vLLM replicas dominates the tes
 """
 from __future__ import annotations
 
+import json
 import signal
 import time
 
@@ -160,9 +161,13 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     resumed = loop.start_trainer(resume=True)
     wait_for(lambda: resumed.poll() is not None, 900, "the resumed run to finish")
     after = loop.steps()
+    counted = json.loads((loop.log_dir / "summary.json").read_text())["accounting"]
     fault_log.check(
         AREA, f"`dockrl trainer train --resume` after the empty Redis",
-        f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {ITERS}",
-        f"exit {resumed.returncode}; steps after the resume: {after[logged:]}",
-        resumed.returncode == 0 and after[logged:] == list(range(saved + 1, ITERS + 1)))
+        f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {ITERS}; its summary counts "
+        "the samples of the steps it trained",
+        f"exit {resumed.returncode}; steps after the resume: {after[logged:]}; summary: {counted['rows_trained']} rows trained "
+        f"from step {counted['from_step']}",
+        resumed.returncode == 0 and after[logged:] == list(range(saved + 1, ITERS + 1))
+        and counted["from_step"] == saved + 1 and counted["rows_trained"] == (ITERS - saved) * GBS * N)
     return saved + 1

@@ -51,14 +51,18 @@ def test_rollout_update_weights_needs_the_token(rollout, fault_log):
                     code.name, code == grpc.StatusCode.INVALID_ARGUMENT)
 
 
+STREAM_N, STREAM_TOKENS = 64, 124  # ~8k tokens: seconds even on a quiet machine (8 x 124 ended before the Abort once)
+
+
 class LongStream:
-    """A GenerateStream of 8 completions x 124 tokens read on a thread: long enough to abort mid-way."""
+    """A GenerateStream of STREAM_N completions x STREAM_TOKENS tokens read on a thread: long enough to abort mid-way."""
 
     def __init__(self, stub, request_id: str):
         self.chunks: list[rollout_pb2.GenerateChunk] = []
         self.started = threading.Event()
         request = rollout_pb2.GenerateRequest(request_id=request_id, token_ids=rollout_pb2.TokenIds(ids=[1, 2, 3]),
-                                              sampling=rollout_pb2.SamplingParams(temperature=1.0, n=8, max_tokens=124, ignore_eos=True))
+                                              sampling=rollout_pb2.SamplingParams(temperature=1.0, n=STREAM_N, max_tokens=STREAM_TOKENS,
+                                                                                                ignore_eos=True))
         self.thread = threading.Thread(target=self._read, args=(stub, request))
         self.thread.start()
         assert self.started.wait(60)
@@ -88,8 +92,8 @@ def test_rollout_abort_needs_the_token(rollout, fault_log):
     reasons = running.finish_reasons()
     generated = sum(len(c.token_ids) for c in running.chunks)
     fault_log.check("rollout auth", "Abort of a running request with the token", "aborted: finish_reason 'abort'",
-                    f"aborted={answer.aborted}, finish reasons {sorted(reasons)} after {generated} of 8 x 124 tokens",
-                    answer.aborted and "abort" in reasons and generated < 8 * 124)
+                    f"aborted={answer.aborted}, finish reasons {sorted(reasons)} after {generated} of {STREAM_N} x {STREAM_TOKENS} tokens",
+                    answer.aborted and "abort" in reasons and generated < STREAM_N * STREAM_TOKENS)
 
 
 def test_rollout_reads_need_no_token(rollout, fault_log):
