@@ -104,8 +104,12 @@ class DockWorker:
             await asyncio.gather(work, return_exceptions=True)
             await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
             log_event(log, "returned claim on stop", rows=len(claim))
-        elif isinstance(work.exception(), DockrlError):  # e.g. a lease that expired: the rows are requeued
+        elif isinstance(work.exception(), DockrlError):  # a lease that expired, or an engine that died
             log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(work.exception()))
+            try:  # back to the pool now rather than when the lease ends (refused when it already has)
+                await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
+            except DockrlError:
+                pass
         else:
             work.result()
 

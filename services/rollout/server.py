@@ -71,15 +71,23 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     tasks = [http_task, asyncio.create_task(stop.wait())]
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(stop)))
-    # 4. until a signal (uvicorn sees it first, ends its server, then re-raises it to us)
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    # A replica whose engine died must not keep answering: it exits non-zero, so that `dockrl up`,
+    # compose or k8s sees it and the dock worker's claims go back to the pool now.
+    engine_died = asyncio.create_task(engine.wait_dead())
+    # 4. until a signal (uvicorn sees it first, ends its server, then re-raises it to us) or the engine's death
+    await asyncio.wait([*tasks, engine_died], return_when=asyncio.FIRST_COMPLETED)
+    died = engine_died.done()
+    if died:
+        log_event(log, "the vLLM engine died; stopping this replica", level=logging.ERROR, error=engine_died.result())
+    else:
+        engine_died.cancel()
     log_event(log, "stopping")
     stop.set()
     http.should_exit = True
-    await asyncio.gather(*tasks)
+    await asyncio.gather(*tasks, return_exceptions=died)
     await grpc_server.stop(grace=2.0)
     engine.shutdown()
-    return 0
+    return 1 if died else 0
 
 
 def _advertised(host: str) -> str:

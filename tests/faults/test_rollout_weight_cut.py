@@ -1,17 +1,26 @@
 """A weight push cut halfway (the client cancels the stream, or its connection closes) leaves the replica
-on the old version with the old outputs; the next full push succeeds."""
+on the old version with the old outputs; the next full push succeeds. A replica whose vLLM worker dies
+mid-push answers UNAVAILABLE and exits, instead of leaving the push waiting."""
 from __future__ import annotations
 
+import os
+import pathlib
+import signal
 import threading
 import time
 
 import grpc
 import pytest
-from rollout_harness import TOKEN
+from rollout_harness import DOCK_PREFIX, OVERRIDES, REDIS_URL, TOKEN
 
 from services.common.auth import bearer_metadata
+from services.common.config import load_config
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
+from services.rollout.launcher import spawn_replica
+from services.dock.client import Dock
+from services.dock.schema import DockLayout
 from services.rollout.weight_chunks import weight_chunks
+from tests.faults.loop_harness import descendants
 
 pytestmark = pytest.mark.service
 
@@ -107,3 +116,66 @@ def test_a_cut_push_keeps_the_old_version_and_the_next_push_succeeds(rollout_ser
     # the other rollout tests expect the served checkpoint at its version: put both back
     full_push(target, served, old_version, token)
     assert outputs(target) == old_outputs and version(target) == old_version
+
+
+def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(rollout_servers, weights, tmp_path, fault_log):
+    # As when the kernel's OOM killer takes the vLLM worker: the push must end at once, the rows the
+    # replica holds as a dock worker must go back to the pool, and the replica must exit so its
+    # supervisor sees it, not keep answering with a dead engine.
+    _, perturbed = weights
+    # 512 rows of up to 96 tokens: tens of seconds of generation on a CPU, so rows are in flight at the kill
+    run = ("dock.prefix=" + DOCK_PREFIX, "dock.run_id=doomed", "dock.lease_seconds=600", "megatron_training.global_batch_size=64",
+           "rl_config.n_samples_per_prompt=8", "rl_config.rollout_max_tokens=96", "generate_config.sampling_config.max_tokens=96")
+    cfg = load_config(None, OVERRIDES + run)
+    dock = Dock.from_config(cfg, token=TOKEN, redis_url=REDIS_URL)
+    dock.create(DockLayout.from_config(cfg))
+    rows = dock.rows_of(dock.begin_iteration(cfg.megatron_training.global_batch_size))
+    dock.put(rows, {"prompts": [[1, 2, 3]] * len(rows)})
+    replica = spawn_replica(rollout_servers.model_dir, tmp_path, "doomed", OVERRIDES + run, "tiny", {"OMP_NUM_THREADS": "1"},
+                            extra_args=("--dock", REDIS_URL)).wait()
+    try:
+        deadline = time.monotonic() + 120
+        while dock.stats().leased.get("actor_rollout", 0) == 0:
+            assert time.monotonic() < deadline, "the replica never claimed"
+            time.sleep(0.05)
+        held = dock.stats().leased["actor_rollout"]
+        workers = [pid for pid in descendants(replica.proc.pid)
+                   if "VLLM::Worker" in pathlib.Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+        assert workers, "no vLLM worker process under the replica"
+        chunks = list(weight_chunks(sorted(perturbed.items()), 1, BUCKET_BYTES, CHUNK_BYTES))
+        sent, killed = threading.Event(), threading.Event()
+
+        def stream():
+            yield from chunks[:SENT_BEFORE_CUT]
+            sent.set()
+            killed.wait(30)
+            yield from chunks[SENT_BEFORE_CUT:]
+
+        stub = rollout_pb2_grpc.RolloutStub(grpc.insecure_channel(replica.grpc_target))
+        call = stub.UpdateWeights.future(stream(), metadata=bearer_metadata(TOKEN))
+        assert sent.wait(30)
+        time.sleep(1.0)  # the replica stages what was sent
+        os.kill(workers[0], signal.SIGKILL)
+        t0 = time.monotonic()
+        killed.set()
+        try:
+            call.result(timeout=120)
+            code, details = grpc.StatusCode.OK, ""
+        except grpc.RpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+        answered_s = time.monotonic() - t0
+        exit_code = replica.proc.wait(timeout=120)
+        exited_s = time.monotonic() - t0
+        stats = dock.stats()
+    finally:
+        replica.stop()
+        dock.destroy()
+    fault_log.check("rollout weight push", f"the replica's vLLM worker SIGKILLed after {SENT_BEFORE_CUT} chunks of a push, "
+                    f"while the replica held {held} dock rows (600 s lease)",
+                    "UpdateWeights ends UNAVAILABLE at once; the rows go back to the pool before the lease ends; the "
+                    "replica exits non-zero (its supervisor restarts it)",
+                    f"call ended {code.name} after {answered_s:.1f} s ({details[:70]!r}); replica exited {exit_code} after "
+                    f"{exited_s:.1f} s; rows leased afterwards {stats.leased.get('actor_rollout', 0)}, "
+                    f"finished {stats.ready.get('responses', 0)} of {len(rows)}",
+                    code == grpc.StatusCode.UNAVAILABLE and exit_code not in (0, None)
+                    and stats.leased.get("actor_rollout", 0) == 0 and stats.ready.get("responses", 0) < len(rows))
