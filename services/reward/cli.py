@@ -77,15 +77,16 @@ def _serve(cfg, args: argparse.Namespace) -> int:
         worker = RewardWorker.from_config(cfg, pool) if args.dock else None  # a bad dock config fails before serving
         host = args.host or cfg.reward.host
         server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
-        print(f"reward server listening on {host}:{server.port}", flush=True)
-        if args.ready_file:
-            write_ready_file(args.ready_file, grpc_port=server.port)
         if cfg.reward.metrics_port:
             import prometheus_client
 
             from services.common.metrics import REGISTRY
 
             prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
+        # the file first: whoever reads the line may look for the file at once
+        if args.ready_file:
+            write_ready_file(args.ready_file, grpc_port=server.port)
+        print(f"reward server listening on {host}:{server.port}", flush=True)
         worker_thread, worker_failed = None, threading.Event()
 
         def run_worker() -> None:

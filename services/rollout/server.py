@@ -65,9 +65,9 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     if options.dock_url:
         worker = _dock_worker(engine, cfg, token, options.dock_url, f"{_advertised(options.host)}:{grpc_port}")
         await worker.register()
-    log_event(log, "serving", model=engine.model_name, grpc_port=grpc_port, http_port=http_port, max_queue=engine.max_queue)
-    if options.ready_file:
+    if options.ready_file:  # before the log line: whoever reads the line may look for the file at once
         write_ready_file(options.ready_file, grpc_port=grpc_port, http_port=http_port)
+    log_event(log, "serving", model=engine.model_name, grpc_port=grpc_port, http_port=http_port, max_queue=engine.max_queue)
     tasks = [http_task, asyncio.create_task(stop.wait())]
     if worker is not None:
         tasks.append(asyncio.create_task(worker.run(stop)))
