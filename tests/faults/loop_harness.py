@@ -144,27 +144,37 @@ class LoopSystem:
     def kill_while_holding(self, name: str, consumer: str, timeout_s: float = 300.0) -> Kill:
         """SIGKILLs worker `name` at a moment it holds leased rows of `consumer` (mid-batch); returns them.
 
-        The worker's helper processes (vLLM engine core, verifier pool) are stopped first, so the
-        next batch it claims cannot finish; the service process itself is then stopped before the
-        look at what it holds, so it cannot put between the look and the kill.
+        A reward worker scores a batch in milliseconds, so its verifier pool is stopped first: the
+        next batch it claims cannot finish. A rollout replica's engine must keep running (the
+        trainer's weight push waits on it, and no new work comes until the push ends), and its
+        batches take long enough to catch: it is watched until it holds rows. Either way the
+        service process itself is stopped before the look that decides, so it cannot put between
+        that look and the kill.
         """
         main = self.procs[name].pid
         replica_id = self.replica_id(name)
-        for child in descendants(main):
-            os.kill(child, signal.SIGSTOP)
+        freeze_helpers_first = consumer != "actor_rollout"
+        if freeze_helpers_first:
+            for child in descendants(main):
+                os.kill(child, signal.SIGSTOP)
         dock = self.dock()
+        owners = dock.keys.base + f"owner:{consumer}"
+
+        def held_rows() -> list[int]:
+            return sorted(int(row) for row, lease in self.redis().hgetall(owners).items() if lease.decode().startswith(f"{replica_id}/"))
+
         deadline = time.monotonic() + timeout_s
         while True:
-            os.kill(main, signal.SIGSTOP)
-            requeued = dock.stats().requeued
-            held = sorted(int(row) for row, lease in self.redis().hgetall(dock.keys.base + f"owner:{consumer}").items()
-                          if lease.decode().startswith(f"{replica_id}/"))
-            if held:
-                self.kill(name)
-                return Kill(name, replica_id, held, requeued)
-            os.kill(main, signal.SIGCONT)
+            if freeze_helpers_first or held_rows():
+                os.kill(main, signal.SIGSTOP)
+                requeued = dock.stats().requeued
+                held = held_rows()
+                if held:
+                    self.kill(name)
+                    return Kill(name, replica_id, held, requeued)
+                os.kill(main, signal.SIGCONT)
             assert time.monotonic() < deadline, f"{name} held no {consumer} rows within {timeout_s:.0f} s"
-            time.sleep(0.2)
+            time.sleep(0.2 if freeze_helpers_first else 0.01)
 
     # ------------------------------------------------------------ looking
 
