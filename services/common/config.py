@@ -192,6 +192,7 @@ class TrainerServiceConfig:
     grpc_port: int = 50071  # gRPC port
     bucket_mb: int = 64  # weight-push bucket size in MiB
     push_mode: str = "fanout"  # fanout | chain
+    push_stall_s: float = 120.0  # a replica that takes no weight chunk (or gives no answer after the last) this long misses the push
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
     eval_data_path: str = ""  # preprocessed prompts RL trains on, evaluated greedily (train accuracy); empty: none
     test_data_path: str = ""  # preprocessed prompts held out from RL (held-out accuracy); empty: none
@@ -440,6 +441,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("reward.max_request_mb", cfg.reward.max_request_mb),
         ("reward.server_threads", cfg.reward.server_threads),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
+        ("trainer.push_stall_s", cfg.trainer.push_stall_s),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
         ("dock.socket_timeout_s", cfg.dock.socket_timeout_s),
         ("dock.reconnect_timeout_s", cfg.dock.reconnect_timeout_s),

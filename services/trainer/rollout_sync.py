@@ -48,7 +48,7 @@ class ReplicaSync:
     def _push(self, weights: dict[str, torch.Tensor], addresses: list[str], version: int) -> PushResult:
         tcfg = self._cfg.trainer
         result = push_weights(weights, addresses, version, bucket_mb=tcfg.bucket_mb, mode=tcfg.push_mode, token=self._token,
-                              dtype=self._dtype)
+                              dtype=self._dtype, stall_s=tcfg.push_stall_s)
         log_event(logger, "weights pushed", version=version, replicas=result.replicas_updated, mb=f"{result.bytes_sent / 2**20:.1f}",
                   seconds=f"{result.seconds:.2f}", failed=len(result.failed))
         for failure in result.failed:

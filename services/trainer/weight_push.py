@@ -5,6 +5,10 @@ bucket carries its tensor metadata, every chunk a slice of its bytes. Fan-out op
 per replica; chain opens one stream to the first replica and names the rest in `forward_to`
 (the replica forwards as it receives). A packing thread fills a bounded queue per stream, so the
 next bucket is packed while the previous one is on the wire, and memory stays at a few buckets.
+
+A replica that stops taking chunks (hung, stopped, its host swapping) would hold every stream
+behind the bounded queue until the call's deadline; after `stall_s` without progress its stream
+is cancelled and the replica listed as failed, so the others get the version at once.
 """
 from __future__ import annotations
 
@@ -69,13 +73,16 @@ def chunk_messages(bucket: WeightBucket, version: int, bucket_index: int, num_bu
 class _Stream:
     """One UpdateWeights call fed from a bounded queue of buckets' chunks."""
 
-    def __init__(self, address: str, token: str, timeout_s: float, max_message_bytes: int):
+    def __init__(self, address: str, token: str, timeout_s: float, stall_s: float, max_message_bytes: int):
         import grpc
 
         from services.common.auth import bearer_metadata
         from services.common.pb import rollout_pb2_grpc
 
         self.address = address
+        self.stall_s = stall_s
+        self.stalled = False
+        self.last_taken = time.monotonic()  # when gRPC last took chunks to send (the replica's progress)
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_BUCKETS)
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", max_message_bytes)])
         stub = rollout_pb2_grpc.RolloutStub(self.channel)
@@ -84,12 +91,14 @@ class _Stream:
     def _requests(self):
         while True:
             item = self.queue.get()
+            self.last_taken = time.monotonic()
             if item is _END:
                 return
             yield from item
 
     def offer(self, chunks: list, stop: threading.Event) -> bool:
-        """Queues one bucket's chunks; False once the call has ended (failed) and takes no more."""
+        """Queues one bucket's chunks; False once the call has ended (failed, or cancelled as stalled)."""
+        waiting_since = time.monotonic()
         while not stop.is_set():
             if self.future.done():
                 return False
@@ -97,8 +106,25 @@ class _Stream:
                 self.queue.put(chunks, timeout=0.2)
                 return True
             except queue.Full:
-                continue
+                if time.monotonic() - max(waiting_since, self.last_taken) > self.stall_s:
+                    self.give_up()
+                    return False
         return False
+
+    def give_up(self) -> None:
+        """Cancels a call whose replica made no progress for stall_s."""
+        self.stalled = True
+        self.future.cancel()
+
+    def outcome(self, deadline: float):
+        """The replica's answer, waited for until `deadline` (monotonic) at most."""
+        import grpc
+
+        try:
+            return self.future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except grpc.FutureTimeoutError:
+            self.give_up()
+            raise
 
     def close(self) -> None:
         self.channel.close()
@@ -106,11 +132,12 @@ class _Stream:
 
 def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], version: int, *, bucket_mb: float,
                  mode: str = "fanout", token: str = "", dtype: torch.dtype | None = None, timeout_s: float = 600.0,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> PushResult:
+                 stall_s: float = 120.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> PushResult:
     """Pushes HF-named `tensors` as policy `version` to `addresses` (host:port), fan-out or chain.
 
-    Floating tensors are cast to `dtype` (the rollout's) when given. Replicas that fail are
-    listed in the result; the others are updated.
+    Floating tensors are cast to `dtype` (the rollout's) when given. Replicas that fail, or take
+    nothing for `stall_s` (or give no answer within `stall_s` of the last chunk), are listed in
+    the result; the others are updated. `timeout_s` bounds each whole call.
     """
     if mode not in PUSH_MODES:
         raise ValueError(f"trainer.push_mode: {mode!r} is not one of {', '.join(PUSH_MODES)}")
@@ -120,7 +147,7 @@ def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], vers
     heads = addresses if mode == "fanout" else addresses[:1]
     forward_to = () if mode == "fanout" else tuple(addresses[1:])
     start = time.perf_counter()
-    streams = [_Stream(a, token, timeout_s, max_message_bytes) for a in heads]
+    streams = [_Stream(a, token, timeout_s, stall_s, max_message_bytes) for a in heads]
     stop = threading.Event()
     sent = [0]
     errors: list[BaseException] = []
@@ -146,15 +173,16 @@ def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], vers
 
     producer = threading.Thread(target=produce, name="weight-pack", daemon=True)
     producer.start()
+    producer.join()  # every offer is bounded by stall_s, so this ends
+    answer_deadline = time.monotonic() + stall_s
     updated, failed = 0, []
     for s in streams:
         try:
-            response = s.future.result()
+            response = s.outcome(answer_deadline)
             updated += max(1, response.replicas_updated)
-        except Exception as exc:  # grpc.RpcError and cancellations: this replica missed the push
-            failed.append(f"{s.address}: {_describe(exc)}")
-    stop.set()
-    producer.join()
+        except Exception as exc:  # grpc.RpcError, cancellations and timeouts: this replica missed the push
+            reason = f"STALLED: no progress for {stall_s:.0f} s (hung or stopped?)" if s.stalled else _describe(exc)
+            failed.append(f"{s.address}: {reason}")
     for s in streams:
         s.close()
     if errors:

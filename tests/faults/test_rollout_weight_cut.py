@@ -1,6 +1,8 @@
 """A weight push cut halfway (the client cancels the stream, or its connection closes) leaves the replica
 on the old version with the old outputs; the next full push succeeds. A replica whose vLLM worker dies
-mid-push answers UNAVAILABLE and exits, instead of leaving the push waiting."""
+mid-push answers UNAVAILABLE and exits, instead of leaving the push waiting. A replica that hangs
+(SIGSTOP) misses the trainer's push after push_stall_s while the others get it, keeps its old version
+and takes the next push once it runs again."""
 from __future__ import annotations
 
 import os
@@ -20,6 +22,7 @@ from services.rollout.launcher import spawn_replica
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
 from services.rollout.weight_chunks import weight_chunks
+from services.trainer.weight_push import push_weights
 from tests.faults.loop_harness import descendants
 
 pytestmark = pytest.mark.service
@@ -179,3 +182,42 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
                     f"finished {stats.ready.get('responses', 0)} of {len(rows)}",
                     code == grpc.StatusCode.UNAVAILABLE and exit_code not in (0, None)
                     and stats.leased.get("actor_rollout", 0) == 0 and stats.ready.get("responses", 0) < len(rows))
+
+
+STALL_S = 5.0
+
+
+def test_a_hung_replica_misses_the_push_after_the_stall_limit_and_the_others_get_it(rollout_servers, weights, tmp_path, fault_log):
+    # A hung replica (stopped, swapping) takes nothing more once its socket buffers are full; without a
+    # limit it held the whole fan-out (every stream waits on the slowest) until the call's deadline.
+    served, _ = weights
+    healthy = rollout_servers.a.grpc_target
+    old_version = version(healthy)
+    hung = spawn_replica(rollout_servers.model_dir, tmp_path, "hung", OVERRIDES, "tiny", {"OMP_NUM_THREADS": "1"}).wait()
+    stopped = [hung.proc.pid, *descendants(hung.proc.pid)]
+    try:
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        result = push_weights(served, [healthy, hung.grpc_target], old_version + 1, bucket_mb=0.25, token=TOKEN, stall_s=STALL_S)
+        took = time.monotonic() - t0
+        healthy_version = version(healthy)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        hung_version = version(hung.grpc_target)
+        again = push_weights(served, [hung.grpc_target], old_version + 1, bucket_mb=0.25, token=TOKEN, stall_s=STALL_S)
+        hung_after = version(hung.grpc_target)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        hung.stop()
+        full_push(healthy, served, old_version, TOKEN)  # the other rollout tests expect the served version
+    fault_log.check("rollout weight push", f"a fan-out push to two replicas, one of them stopped (SIGSTOP), push_stall_s {STALL_S:.0f}",
+                    f"the push ends within ~push_stall_s: the running replica at version {old_version + 1}, the stopped one "
+                    "listed as STALLED; once resumed it still serves its old version and takes the next push",
+                    f"push ended after {took:.1f} s: {result.replicas_updated} updated (running replica version {healthy_version}), "
+                    f"failed {[f.split(': ', 1)[1][:40] for f in result.failed]}; resumed replica at version {hung_version}, "
+                    f"after the next push {hung_after} ({again.replicas_updated} updated)",
+                    result.replicas_updated == 1 and healthy_version == old_version + 1 and took < STALL_S + 30
+                    and len(result.failed) == 1 and result.failed[0].startswith(f"{hung.grpc_target}: STALLED")
+                    and hung_version == 0 and again.replicas_updated == 1 and hung_after == old_version + 1)

@@ -1,5 +1,6 @@
 """Weight buckets (pack / unpack / plan), chunking for UpdateWeights, gathering HF weights, and push errors."""
 import socket
+import time
 
 import pytest
 import torch
@@ -100,6 +101,18 @@ def test_push_to_an_unreachable_replica_reports_it():
         result = push_weights(mixed_tensors(), [address], version=3, bucket_mb=1, timeout_s=10)
     assert result.replicas_updated == 0 and result.version == 3
     assert len(result.failed) == 1 and result.failed[0].startswith(f"{address}: UNAVAILABLE")
+
+
+def test_push_to_a_replica_that_never_answers_misses_it_after_the_stall_limit():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()  # the kernel accepts connections; nobody reads them: a hung server
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        t0 = time.monotonic()
+        result = push_weights(mixed_tensors(), [address], version=3, bucket_mb=1, timeout_s=120, stall_s=1.0)
+        took = time.monotonic() - t0
+    assert result.replicas_updated == 0 and result.failed == (f"{address}: STALLED: no progress for 1 s (hung or stopped?)",)
+    assert took < 20, f"the push waited {took:.1f} s on a hung replica with stall_s 1"
 
 
 def test_push_rejects_bad_mode_and_empty_replica_list():
