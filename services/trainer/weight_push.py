@@ -3,8 +3,9 @@
 Each bucket goes out as WeightChunk messages under the gRPC message limit: the first chunk of a
 bucket carries its tensor metadata, every chunk a slice of its bytes. Fan-out opens one stream
 per replica; chain opens one stream to the first replica and names the rest in `forward_to`
-(the replica forwards as it receives). A packing thread fills a bounded queue per stream, so the
-next bucket is packed while the previous one is on the wire, and memory stays at a few buckets.
+(the replica forwards as it receives). Packing fills a bounded queue per stream that gRPC drains
+on its own thread, so the next bucket is packed while the previous one is on the wire, and memory
+stays at a few buckets.
 
 A replica that stops taking chunks (hung, stopped, its host swapping) would hold every stream
 behind the bounded queue until the call's deadline; after `stall_s` without progress its stream
@@ -13,7 +14,6 @@ is cancelled and the replica listed as failed, so the others get the version at 
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, Mapping
@@ -96,12 +96,10 @@ class _Stream:
                 return
             yield from item
 
-    def offer(self, chunks: list, stop: threading.Event) -> bool:
-        """Queues one bucket's chunks; False once the call has ended (failed, or cancelled as stalled)."""
+    def offer(self, chunks) -> bool:
+        """Queues one bucket's chunks (or _END); False once the call has ended (failed, or cancelled as stalled)."""
         waiting_since = time.monotonic()
-        while not stop.is_set():
-            if self.future.done():
-                return False
+        while not self.future.done():
             try:
                 self.queue.put(chunks, timeout=0.2)
                 return True
@@ -148,32 +146,24 @@ def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], vers
     forward_to = () if mode == "fanout" else tuple(addresses[1:])
     start = time.perf_counter()
     streams = [_Stream(a, token, timeout_s, stall_s, max_message_bytes) for a in heads]
-    stop = threading.Event()
-    sent = [0]
-    errors: list[BaseException] = []
-
-    def produce() -> None:
-        try:
-            for index, names in enumerate(plan):
-                bucket = pack_bucket(tensors, names, dtype)
-                chunks = list(chunk_messages(bucket, version, index, len(plan), max_message_bytes=max_message_bytes,
-                                             forward_to=forward_to, num_tensors=len(tensors)))
-                live = [s.offer(chunks, stop) for s in streams]
-                sent[0] += bucket.nbytes
-                if not any(live):
-                    return
-        except BaseException as exc:  # re-raised by the caller; a half push must not look complete
-            errors.append(exc)
-            stop.set()
-            for s in streams:
-                s.future.cancel()
-        finally:
-            for s in streams:
-                s.offer(_END, threading.Event())
-
-    producer = threading.Thread(target=produce, name="weight-pack", daemon=True)
-    producer.start()
-    producer.join()  # every offer is bounded by stall_s, so this ends
+    sent = 0
+    try:
+        for index, names in enumerate(plan):
+            bucket = pack_bucket(tensors, names, dtype)
+            chunks = list(chunk_messages(bucket, version, index, len(plan), max_message_bytes=max_message_bytes,
+                                         forward_to=forward_to, num_tensors=len(tensors)))
+            live = [s.offer(chunks) for s in streams]  # each offer is bounded by stall_s
+            sent += bucket.nbytes
+            if not any(live):
+                break
+    except BaseException:  # a half push must not look complete
+        for s in streams:
+            s.future.cancel()
+            s.close()
+        raise
+    finally:
+        for s in streams:
+            s.offer(_END)
     answer_deadline = time.monotonic() + stall_s
     updated, failed = 0, []
     for s in streams:
@@ -185,9 +175,7 @@ def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], vers
             failed.append(f"{s.address}: {reason}")
     for s in streams:
         s.close()
-    if errors:
-        raise errors[0]
-    return PushResult(version, sent[0], time.perf_counter() - start, len(plan), updated, tuple(failed))
+    return PushResult(version, sent, time.perf_counter() - start, len(plan), updated, tuple(failed))
 
 
 def _describe(exc: BaseException) -> str:

@@ -159,9 +159,10 @@ class LoopSystem:
                 os.kill(child, signal.SIGSTOP)
         dock = self.dock()
         owners = dock.keys.base + f"owner:{consumer}"
+        client = self.redis()  # one connection: a rollout replica is polled every 10 ms
 
         def held_rows() -> list[int]:
-            return sorted(int(row) for row, lease in self.redis().hgetall(owners).items() if lease.decode().startswith(f"{replica_id}/"))
+            return sorted(int(row) for row, lease in client.hgetall(owners).items() if lease.decode().startswith(f"{replica_id}/"))
 
         deadline = time.monotonic() + timeout_s
         while True:
