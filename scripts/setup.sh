@@ -24,14 +24,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "$want" > "$stamp"
 fi
 
-# The compose specification's JSON schema, for the test that validates deploy/docker-compose.yml:
-# it ships inside the docker-compose 1.x wheel, which is fetched but not installed.
-if [ ! -f .cache/compose-spec/compose_spec.json ]; then
-    mkdir -p .cache/compose-spec
-    python -m pip download -q --no-deps "docker-compose==1.29.2" -d .cache/compose-spec
-    python -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('.cache/compose-spec/docker_compose-*.whl')[0]); open('.cache/compose-spec/compose_spec.json', 'wb').write(z.read('compose/config/compose_spec.json'))"
-fi
-
 if ! command -v redis-server >/dev/null; then
     if command -v apt-get >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server

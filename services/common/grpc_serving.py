@@ -1,6 +1,8 @@
 """Starting a synchronous gRPC server the same way everywhere: bind, start, report SERVING."""
 from __future__ import annotations
 
+import socket
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -18,3 +20,10 @@ def start_with_health(server: grpc.Server, host: str, port: int, service_name: s
     for name in ("", service_name):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return bound, health_servicer
+
+
+def advertised_address(host: str, port: int) -> str:
+    """The host:port other machines reach a server at: the bind address, or this machine's host
+    name when it binds a wildcard (0.0.0.0 means nothing to a peer, which would dial itself)."""
+    reachable = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    return f"{reachable}:{port}"

@@ -63,6 +63,7 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from services.common.grpc_serving import advertised_address
     from services.common.log import log_event, setup_logging
     from services.common.ready_file import write_ready_file
     from services.reward.pool import VerifierPool
@@ -93,7 +94,7 @@ def _serve(cfg, args: argparse.Namespace) -> int:
             # A worker that dies must take the process down: a server that only answers gRPC would
             # stall the run where a supervisor (`dockrl up`, compose, k8s) can restart a dead one.
             try:
-                worker.run_until(stop, f"{host}:{server.port}")
+                worker.run_until(stop, advertised_address(host, server.port))
             except Exception:
                 logger.exception("reward dock worker failed; stopping the server")
                 worker_failed.set()

@@ -1,6 +1,7 @@
 """`python -m services.reward serve --dock` as a process: gRPC and the dock worker together, clean stop."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -71,6 +72,48 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
         assert cli.returncode == 0 and "total: +1.0000" in cli.stdout, cli.stdout + cli.stderr
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
         assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 2.0" in metrics
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+def test_a_wildcard_bind_registers_an_address_peers_can_dial(tmp_path, redis_url):
+    """Under compose and Kubernetes reward binds 0.0.0.0; the dock must list the host name, which
+    the trainer can dial, not 0.0.0.0 (which would make the trainer dial itself)."""
+    from services.dock.registry import ReplicaRegistry
+    from services.dock.schema import Keys
+
+    build_tokenizer(tmp_path / "tok", load_templates()["qwen"])
+    prefix = f"test-reward-{uuid.uuid4().hex[:10]}"
+    config = {
+        "megatron_training": {"tokenizer_name_or_path": str(tmp_path / "tok"), "global_batch_size": 2},
+        "rl_config": {"n_samples_per_prompt": N, "verifier_function": ["acc"], "verifier_weight": [1.0],
+                      "verifier_parallel": 1, "verifier_timeout": 5},
+        "dock": {"redis_url": redis_url, "prefix": prefix, "run_id": "wild"},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.reward", "serve", "--config", str(tmp_path / "run.yaml"), "--host", "0.0.0.0",
+         "--port", "0", "--dock", "--ready-file", str(tmp_path / "ready.json")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "DOCKRL_LOG_LEVEL": "WARNING"},
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        registry = ReplicaRegistry(client, Keys(prefix, "wild"))
+        deadline = time.monotonic() + 30
+        while not registry.live("reward") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        [replica] = registry.live("reward")
+        port = read_ready_file(tmp_path / "ready.json")["grpc_port"]
+        assert replica.address == f"{socket.gethostname()}:{port}"
+        with RewardClient(replica.address) as reward:
+            assert reward.score([ScoreInput(r"\boxed{2}", "2")])[0].total == 1.0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
