@@ -1,4 +1,5 @@
 """`python -m services.reward serve --dock` as a process: gRPC and the dock worker together, clean stop."""
+import contextlib
 import os
 import signal
 import socket
@@ -19,7 +20,8 @@ from services.common.templates import load_templates
 from tests.conftest import free_port
 from services.common.tiny_model import build_tokenizer
 from services.dock.client import Dock
-from services.dock.schema import DockLayout
+from services.dock.registry import ReplicaRegistry
+from services.dock.schema import DockLayout, Keys
 from services.reward.client import RewardClient
 from services.reward.scoring import ScoreInput
 from services.reward.worker import CONSUMER
@@ -29,26 +31,41 @@ pytestmark = pytest.mark.service
 N = 2
 
 
-def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
+@contextlib.contextmanager
+def _reward_serve(tmp_path, redis_url, run_id: str, *flags: str, reward: dict | None = None):
+    """`services.reward serve --dock` on a fresh run of the dock; yields the process and a Redis
+    client, and removes the run's keys after."""
     build_tokenizer(tmp_path / "tok", load_templates()["qwen"])
-    tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
     prefix = f"test-reward-{uuid.uuid4().hex[:10]}"
-    metrics_port = free_port()
     config = {
         "megatron_training": {"tokenizer_name_or_path": str(tmp_path / "tok"), "global_batch_size": 2},
         "rl_config": {"n_samples_per_prompt": N, "verifier_function": ["acc"], "verifier_weight": [1.0],
                       "verifier_parallel": 1, "verifier_timeout": 5},
-        "dock": {"redis_url": redis_url, "prefix": prefix, "run_id": "serve"},
-        "reward": {"metrics_port": metrics_port},
+        "dock": {"redis_url": redis_url, "prefix": prefix, "run_id": run_id},
+        "reward": reward or {},
     }
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.reward", "serve", "--config", str(tmp_path / "run.yaml"), "--port", "0", "--dock",
-         "--ready-file", str(tmp_path / "ready.json")],
+         "--ready-file", str(tmp_path / "ready.json"), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "DOCKRL_LOG_LEVEL": "WARNING"},
     )
     client = redis.Redis.from_url(redis_url)
     try:
+        yield proc, client, prefix
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
+    metrics_port = free_port()
+    with _reward_serve(tmp_path, redis_url, "serve", reward={"metrics_port": metrics_port}) as (proc, client, prefix):
+        tok = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
         line = proc.stdout.readline()
         assert line.startswith("reward server listening on 127.0.0.1:"), line
         target = line.split()[-1]
@@ -74,37 +91,12 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
         assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 2.0" in metrics
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
-        client.close()
 
 
 def test_a_wildcard_bind_registers_an_address_peers_can_dial(tmp_path, redis_url):
     """Under compose and Kubernetes reward binds 0.0.0.0; the dock must list the host name, which
     the trainer can dial, not 0.0.0.0 (which would make the trainer dial itself)."""
-    from services.dock.registry import ReplicaRegistry
-    from services.dock.schema import Keys
-
-    build_tokenizer(tmp_path / "tok", load_templates()["qwen"])
-    prefix = f"test-reward-{uuid.uuid4().hex[:10]}"
-    config = {
-        "megatron_training": {"tokenizer_name_or_path": str(tmp_path / "tok"), "global_batch_size": 2},
-        "rl_config": {"n_samples_per_prompt": N, "verifier_function": ["acc"], "verifier_weight": [1.0],
-                      "verifier_parallel": 1, "verifier_timeout": 5},
-        "dock": {"redis_url": redis_url, "prefix": prefix, "run_id": "wild"},
-    }
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.reward", "serve", "--config", str(tmp_path / "run.yaml"), "--host", "0.0.0.0",
-         "--port", "0", "--dock", "--ready-file", str(tmp_path / "ready.json")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "DOCKRL_LOG_LEVEL": "WARNING"},
-    )
-    client = redis.Redis.from_url(redis_url)
-    try:
+    with _reward_serve(tmp_path, redis_url, "wild", "--host", "0.0.0.0") as (proc, client, prefix):
         registry = ReplicaRegistry(client, Keys(prefix, "wild"))
         deadline = time.monotonic() + 30
         while not registry.live("reward") and time.monotonic() < deadline:
@@ -116,10 +108,3 @@ def test_a_wildcard_bind_registers_an_address_peers_can_dial(tmp_path, redis_url
             assert reward.score([ScoreInput(r"\boxed{2}", "2")])[0].total == 1.0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
-        client.close()
