@@ -25,7 +25,6 @@ from services.dock import codec
 from services.dock.schema import DockLayout, Keys
 from services.dock.scripts import DockScripts, execute, redis_errors
 
-_STAGE_TTL_MS = 600_000  # staged values of a put whose client died mid-way expire after 10 minutes
 _MGET_KEYS = 1000  # keys per MGET when reading claimed rows
 _BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 1.0  # reconnect waits: 0.1 s, doubling up to 1 s
 
@@ -204,24 +203,10 @@ class Dock:
                 if not isinstance(array, str):
                     spec.check_shape(array.shape, field)
                 blobs.append(codec.encode(array))
-        # Stage the values with plain SETs, then one script checks and moves them (same pipeline).
-        nonce = uuid.uuid4().hex
-
-        def pipeline() -> redis.client.Pipeline:
-            pipe = self.client.pipeline(transaction=False)
-            for index, blob in enumerate(blobs):
-                pipe.set(self.keys.stage(nonce, index), blob, px=_STAGE_TTL_MS)
-            self._scripts.queue(pipe, "put", self.keys.base, self._digest, lease.consumer if lease else "",
-                                lease.lease_id if lease else "", "" if version is None else version, int(partial),
-                                int(append), len(rows), len(columns), nonce, *rows, *described)
-            return pipe
-
-        try:
-            execute(pipeline())
-        except redis.exceptions.NoScriptError:
-            # Redis restarted between the pipeline's script check and its reconnect: the script did
-            # nothing; a new pipeline loads it again (and repeats the SETs, which is harmless).
-            execute(pipeline())
+        # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
+        self._run("put", self._digest, lease.consumer if lease else "", lease.lease_id if lease else "",
+                  "" if version is None else version, int(partial), int(append), len(rows), len(columns),
+                  *rows, *described, *blobs)
         return len(rows)
 
     def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,

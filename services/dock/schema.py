@@ -3,8 +3,7 @@
 Every key of a run lives under `{prefix}:{run_id}:` so several runs share one Redis:
 
     meta              hash   layout (JSON), token digest, target, complete, requeued, retired
-    val:{column}:{row} string encoded value (codec.py); a put stages values under stage:{nonce}:*
-                             and its script RENAMEs them here, so big tensors are never copied in Lua
+    val:{column}:{row} string encoded value (codec.py), written by the put script from its arguments
     ready:{column}    bitmap bit i set: row i's value of {column} is final
     live              bitmap bit i set: row i holds a sample of the current pool
     consumed:{name}   bitmap bit i set: consumer {name} has claimed row i
@@ -162,9 +161,6 @@ class Keys:
 
     def value(self, column: str, row: int) -> str:
         return f"{self.base}val:{column}:{row}"
-
-    def stage(self, nonce: str, index: int) -> str:
-        return f"{self.base}stage:{nonce}:{index}"
 
     @property
     def pattern(self) -> str:

@@ -27,7 +27,6 @@ class DockMissing(FailedPrecondition):
 
 _ERROR_TAGS = {
     "DOCK_NOT_CREATED": DockMissing, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
-    "DOCK_STAGE": Unavailable,
     # Redis's own replies for states that pass (a long script running, a replica failing over):
     # callers wait and ask again, as for a lost connection, instead of dying on a raw error.
     "BUSY": Unavailable, "MASTERDOWN": Unavailable, "READONLY": Unavailable, "TRYAGAIN": Unavailable,
@@ -45,10 +44,6 @@ class DockScripts:
         """Runs script `name` with KEYS = [base] and ARGV = args; raises typed errors for tagged replies."""
         with redis_errors():
             return self._scripts[name](keys=[base], args=list(args))
-
-    def queue(self, pipe: redis.client.Pipeline, name: str, base: str, *args) -> None:
-        """Adds script `name` to `pipe`, to run after the commands queued before it."""
-        self._scripts[name](keys=[base], args=list(args), client=pipe)
 
 
 def execute(pipe: redis.client.Pipeline) -> list:

@@ -8,14 +8,15 @@ local final_consumer, target = ARGV[2], ARGV[3]
 local n = tonumber(meta.n)
 requeue_all(now_ms())
 local consumed = redis.call('GET', k('consumed:' .. final_consumer)) or ''
-local lease_key = k('lease:' .. final_consumer)
+local leased = {}
+for _, row in ipairs(redis.call('ZRANGE', k('lease:' .. final_consumer), 0, -1)) do leased[tonumber(row)] = true end
 local drop, live = {}, {}
 local dropped = 0
 for _, group in ipairs(redis.call('ZRANGE', k('age'), 0, -1)) do
   local first = tonumber(group) * n
   local finished = true
   for row = first, first + n - 1 do
-    if not bit_at(consumed, row) or redis.call('ZSCORE', lease_key, row) then finished = false break end
+    if not bit_at(consumed, row) or leased[row] then finished = false break end
   end
   if finished then
     dropped = dropped + 1

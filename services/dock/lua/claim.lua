@@ -74,14 +74,19 @@ end
 if #picked < min_count or #picked == 0 then return {0, 0} end
 
 local deadline = now + lease_ms
-local reply = {deadline, #picked}
+local leases, owners, age_of = {}, {}, {}
 for _, row in ipairs(picked) do
-  redis.call('SETBIT', k('consumed:' .. consumer), row, 1)
-  redis.call('ZADD', k('lease:' .. consumer), deadline, row)
-  redis.call('HSET', k('owner:' .. consumer), row, lease_id)
-  reply[#reply + 1] = row
+  leases[#leases + 1] = deadline; leases[#leases + 1] = row
+  owners[#owners + 1] = row; owners[#owners + 1] = lease_id
 end
+set_bits(k('consumed:' .. consumer), picked, 1)
+batched('ZADD', k('lease:' .. consumer), leases)
+batched('HSET', k('owner:' .. consumer), owners)
+local reply = {deadline, #picked}
+for _, row in ipairs(picked) do reply[#reply + 1] = row end
 for _, row in ipairs(picked) do
-  reply[#reply + 1] = tonumber(redis.call('ZSCORE', k('age'), math.floor(row / n)) or '0')
+  local group = math.floor(row / n)
+  if age_of[group] == nil then age_of[group] = tonumber(redis.call('ZSCORE', k('age'), group) or '0') end
+  reply[#reply + 1] = age_of[group]
 end
 return reply

@@ -9,23 +9,28 @@ if not meta then return err end
 local consumer, lease_id, action, lease_ms = ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
 requeue_expired(consumer, now)
-local consumed = redis.call('GET', k('consumed:' .. consumer)) or ''
-local owner_key = k('owner:' .. consumer)
-local rows = {}
-for i = 6, #ARGV do
-  local done = action == 'ack' and bit_at(consumed, tonumber(ARGV[i])) and redis.call('HEXISTS', owner_key, ARGV[i]) == 0
-  if not done then rows[#rows + 1] = ARGV[i] end
-end
-if #rows == 0 then return 0 end
-local stale = check_owned(consumer, lease_id, rows)
-if stale then return stale end
-for _, row in ipairs(rows) do
-  if action == 'renew' then
-    redis.call('ZADD', k('lease:' .. consumer), 'XX', now + lease_ms, row)
-  else
-    redis.call('ZREM', k('lease:' .. consumer), row)
-    redis.call('HDEL', k('owner:' .. consumer), row)
-    if action == 'release' then redis.call('SETBIT', k('consumed:' .. consumer), row, 0) end
+local asked = {}
+for i = 6, #ARGV do asked[#asked + 1] = ARGV[i] end
+local owners = read_owners(consumer, asked)
+local consumed = action == 'ack' and (redis.call('GET', k('consumed:' .. consumer)) or '') or ''
+local rows, held = {}, {}
+for i, row in ipairs(asked) do
+  if not (action == 'ack' and not owners[i] and bit_at(consumed, tonumber(row))) then
+    rows[#rows + 1] = row
+    held[#held + 1] = owners[i]
   end
 end
-return action == 'renew' and now + lease_ms or #rows
+if #rows == 0 then return 0 end
+local stale = check_owned(consumer, lease_id, rows, held)
+if stale then return stale end
+local lease_key = k('lease:' .. consumer)
+if action == 'renew' then
+  local scored = {}
+  for _, row in ipairs(rows) do scored[#scored + 1] = now + lease_ms; scored[#scored + 1] = row end
+  batched('ZADD', lease_key, scored, 'XX')
+  return now + lease_ms
+end
+batched('ZREM', lease_key, rows)
+batched('HDEL', k('owner:' .. consumer), rows)
+if action == 'release' then set_bits(k('consumed:' .. consumer), rows, 0) end
+return #rows

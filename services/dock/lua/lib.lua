@@ -36,15 +36,41 @@ local function bit_at(bitmap, i)
   return bit.band(byte, bit.rshift(128, i % 8)) ~= 0
 end
 
+-- Calls `command key [option] items...` over `items` in slices of 1000 (Lua's unpack has a
+-- stack limit): one Redis command per slice instead of one per item. Slices are even-sized, so
+-- score-member pairs (ZADD) and field-value pairs (HSET) stay together.
+local function batched(command, key, items, option)
+  for first = 1, #items, 1000 do
+    local last = math.min(first + 999, #items)
+    if option then
+      redis.call(command, key, option, unpack(items, first, last))
+    else
+      redis.call(command, key, unpack(items, first, last))
+    end
+  end
+end
+
+-- Sets bit `row` of bitmap `key` to `value` for every row of `rows` with BITFIELD (250 rows a call);
+-- returns the bits as they were before, one per row.
+local function set_bits(key, rows, value)
+  local old = {}
+  for first = 1, #rows, 250 do
+    local args = {}
+    for i = first, math.min(first + 249, #rows) do
+      args[#args + 1] = 'SET'; args[#args + 1] = 'u1'; args[#args + 1] = rows[i]; args[#args + 1] = value
+    end
+    for _, bit in ipairs(redis.call('BITFIELD', key, unpack(args))) do old[#old + 1] = bit end
+  end
+  return old
+end
+
 -- Rows of `consumer` whose lease deadline passed go back to the pool; returns how many.
 local function requeue_expired(consumer, now)
   local lease_key = k('lease:' .. consumer)
   local expired = redis.call('ZRANGEBYSCORE', lease_key, '-inf', now)
   if #expired == 0 then return 0 end
-  for _, row in ipairs(expired) do
-    redis.call('SETBIT', k('consumed:' .. consumer), row, 0)
-    redis.call('HDEL', k('owner:' .. consumer), row)
-  end
+  set_bits(k('consumed:' .. consumer), expired, 0)
+  batched('HDEL', k('owner:' .. consumer), expired)
   redis.call('ZREMRANGEBYSCORE', lease_key, '-inf', now)
   redis.call('HINCRBY', k('meta'), 'requeued', #expired)
   return #expired
@@ -58,14 +84,26 @@ local function requeue_all(now)
   return total
 end
 
--- Error reply naming the first rows of `rows` that `lease_id` of `consumer` does not hold, or nil.
-local function check_owned(consumer, lease_id, rows)
-  local stale = {}
+-- The owner field (lease id, or false) of each of `rows` under `consumer`.
+local function read_owners(consumer, rows)
+  local owners = {}
   for first = 1, #rows, 1000 do
-    local last = math.min(first + 999, #rows)
-    local owners = redis.call('HMGET', k('owner:' .. consumer), unpack(rows, first, last))
-    for i, owner in ipairs(owners) do
-      if owner ~= lease_id and #stale < 5 then stale[#stale + 1] = rows[first + i - 1] end
+    for _, owner in ipairs(redis.call('HMGET', k('owner:' .. consumer), unpack(rows, first, math.min(first + 999, #rows)))) do
+      owners[#owners + 1] = owner
+    end
+  end
+  return owners
+end
+
+-- Error reply naming the first rows of `rows` that `lease_id` of `consumer` does not hold, or nil;
+-- `owners`: the rows' owner fields when the caller read them already (read_owners).
+local function check_owned(consumer, lease_id, rows, owners)
+  owners = owners or read_owners(consumer, rows)
+  local stale = {}
+  for i, owner in ipairs(owners) do
+    if owner ~= lease_id then
+      stale[#stale + 1] = rows[i]
+      if #stale == 5 then break end
     end
   end
   if #stale > 0 then
@@ -84,36 +122,59 @@ end
 
 local function value_key(column, row) return base .. 'val:' .. column .. ':' .. row end
 
+-- Clears the bits of `rows` in every bitmap of `keys` that exists: one BITOP AND with a mask
+-- per bitmap instead of one SETBIT per row and bitmap.
+local function clear_bits(keys, rows, capacity)
+  local keep = {}
+  for i = 1, math.ceil(capacity / 8) do keep[i] = 255 end
+  for _, row in ipairs(rows) do
+    local byte = math.floor(row / 8) + 1
+    keep[byte] = bit.band(keep[byte], bit.bnot(bit.rshift(128, row % 8)))
+  end
+  local chars = {}
+  for first = 1, #keep, 4000 do chars[#chars + 1] = string.char(unpack(keep, first, math.min(first + 3999, #keep))) end
+  local mask = k('mask')
+  redis.call('SET', mask, table.concat(chars))
+  for _, key in ipairs(keys) do
+    if redis.call('EXISTS', key) == 1 then redis.call('BITOP', 'AND', key, key, mask) end
+  end
+  redis.call('DEL', mask)
+end
+
 -- Removes rows from every key of the run (values, flags, leases, ages, completion counts).
 local function drop_rows(meta, rows)
   if #rows == 0 then return end
   local layout = cjson.decode(meta.layout)
   local n = tonumber(meta.n)
   local consumers = redis.call('SMEMBERS', k('consumers'))
-  local values, done_groups = {}, {}
-  for _, row in ipairs(rows) do
-    for _, column in ipairs(layout.columns) do
-      values[#values + 1] = value_key(column.name, row)
-      redis.call('SETBIT', k('ready:' .. column.name), row, 0)
-    end
-    for _, consumer in ipairs(consumers) do
-      redis.call('SETBIT', k('consumed:' .. consumer), row, 0)
-      redis.call('ZREM', k('lease:' .. consumer), row)
-      redis.call('HDEL', k('owner:' .. consumer), row)
-    end
-    redis.call('SETBIT', k('live'), row, 0)
-    redis.call('HDEL', k('version'), row)
-    redis.call('HDEL', k('rowage'), row)
-    done_groups[math.floor(tonumber(row) / n)] = true
+  local bitmaps, values, groups, seen = {k('live')}, {}, {}, {}
+  for _, column in ipairs(layout.columns) do
+    bitmaps[#bitmaps + 1] = k('ready:' .. column.name)
+    for _, row in ipairs(rows) do values[#values + 1] = value_key(column.name, row) end
   end
+  for _, consumer in ipairs(consumers) do
+    bitmaps[#bitmaps + 1] = k('consumed:' .. consumer)
+    -- Leases and owners are only there for rows some worker still holds: mostly none.
+    if redis.call('ZCARD', k('lease:' .. consumer)) > 0 then batched('ZREM', k('lease:' .. consumer), rows) end
+    if redis.call('HLEN', k('owner:' .. consumer)) > 0 then batched('HDEL', k('owner:' .. consumer), rows) end
+  end
+  clear_bits(bitmaps, rows, tonumber(meta.capacity))
+  batched('HDEL', k('version'), rows)
+  batched('HDEL', k('rowage'), rows)
   delete_keys(values)
-  for group, _ in pairs(done_groups) do
-    if tonumber(redis.call('HGET', k('done'), group) or '0') >= n then
-      redis.call('HINCRBY', k('meta'), 'complete', -1)
-    end
-    redis.call('HDEL', k('done'), group)
-    redis.call('ZREM', k('age'), group)
+  for _, row in ipairs(rows) do
+    local group = math.floor(tonumber(row) / n)
+    if not seen[group] then seen[group] = true; groups[#groups + 1] = group end
   end
+  local complete = 0
+  for first = 1, #groups, 1000 do
+    for _, done in ipairs(redis.call('HMGET', k('done'), unpack(groups, first, math.min(first + 999, #groups)))) do
+      if tonumber(done or '0') >= n then complete = complete + 1 end
+    end
+  end
+  if complete > 0 then redis.call('HINCRBY', k('meta'), 'complete', -complete) end
+  batched('HDEL', k('done'), groups)
+  batched('ZREM', k('age'), groups)
 end
 
 -- Deletes every data key of the run: every row's values, flags, leases, ages (not meta).
