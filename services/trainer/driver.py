@@ -13,6 +13,8 @@ import json
 import logging
 import time
 
+import torch
+
 from services.common.auth import resolve_token
 from services.common.config import Config
 from services.common.log import log_event, setup_logging
@@ -22,7 +24,9 @@ from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
 from services.dock.scripts import DockMissing
 from services.trainer.checkpoint import latest_step
+from services.trainer.cpu_shims import accelerator_present
 from services.trainer.iteration_data import RunAccounting, ack_batch, collect_iteration
+from services.trainer.model import cpu_threads
 from services.trainer.prompt_stream import PromptStream
 from services.trainer.rollout_sync import ReplicaSync
 from services.trainer.run_log import RunLog
@@ -60,6 +64,9 @@ def _report_lost_dock(logger, session: TrainerSession, exc: DockMissing) -> None
 def train(cfg: Config, resume: bool = False, host: str | None = None, port: int | None = None) -> int:
     """Runs megatron_training.train_iters iterations against the dock; returns an exit code."""
     logger = setup_logging("trainer")
+    if not accelerator_present():
+        torch.set_num_threads(cpu_threads())
+        log_event(logger, "cpu threads", threads=torch.get_num_threads())
     token = resolve_token(cfg.auth)
     mt, rl = cfg.megatron_training, cfg.rl_config
     prompts = load_prompts(mt.data_path)

@@ -36,6 +36,24 @@ def _world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
+def rollout_agreement(trainer_logprobs: torch.Tensor, batch: ScoredBatch, mask: torch.Tensor, version: int) -> dict[str, float]:
+    """train_rollout_logprob_diff (mean |trainer - rollout| log-prob) over the tokens the current weights generated.
+
+    `trainer_logprobs` [B, L] are the current policy's (before the update), `mask` [B, L] marks
+    response tokens; older tokens (partial rollout) are off-policy by design and only counted.
+    """
+    rollout = torch.zeros_like(trainer_logprobs)
+    current = torch.zeros_like(trainer_logprobs)  # 1 on tokens the current weights generated
+    for i, (lp, versions) in enumerate(zip(batch.rollout_logprobs, batch.versions)):
+        rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)])
+        current[i, : len(versions)] = (torch.tensor(versions[: current.size(1)]) == version).float()
+    same = mask * current
+    metrics = {"rollout/off_policy_token_fraction": float(1 - same.sum() / mask.sum())}
+    if same.sum() > 0:
+        metrics["train_rollout_logprob_diff"] = float(masked_mean((trainer_logprobs - rollout).abs(), same))
+    return metrics
+
+
 @dataclass
 class TrainerSession:
     """The trainer's state for one run (see the module docstring)."""
@@ -128,20 +146,8 @@ class TrainerSession:
         metrics: dict[str, float] = {}
         old_logprobs = None
         ppo = self.critic is not None
-        if self.cfg.trainer.log_logprob_diff or ppo:
-            self.model.eval()
-            with torch.no_grad():
-                old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
-            rollout = torch.zeros_like(old_logprobs)
-            current = torch.zeros_like(old_logprobs)  # 1 on tokens the current weights generated
-            for i, (lp, versions) in enumerate(zip(batch.rollout_logprobs, batch.versions)):
-                rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)])
-                current[i, : len(versions)] = (torch.tensor(versions[: current.size(1)]) == self.version).float()
-            # Only tokens of the same weights can agree; older ones (partial rollout) are off-policy by design.
-            same = mask * current
-            if same.sum() > 0:
-                metrics["train_rollout_logprob_diff"] = float(masked_mean((old_logprobs - rollout).abs(), same))
-            metrics["rollout/off_policy_token_fraction"] = float(1 - same.sum() / mask.sum())
+        if ppo and rl.use_kl_in_reward:  # the reward's KL needs the old policy before the update; otherwise the update has it
+            old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
         ref_logprobs = None
         if self.ref_model is not None:
             with torch.no_grad():
@@ -156,7 +162,9 @@ class TrainerSession:
             advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
         out = update_policy(self.model, self.optimizer, self.scheduler,
                             TrainBatch(samples, advantages, old_logprobs, ref_logprobs), self.update_cfg, step)
-        metrics.update({f"actor/{k}": v for k, v in out.as_dict().items()})
+        metrics.update({f"actor/{k}": v for k, v in out.metrics.as_dict().items()})
+        if self.cfg.trainer.log_logprob_diff:
+            metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
         if ppo:
             critic_out = critic_update(self.critic, self.critic_optimizer, self.critic_scheduler, samples, values, targets.returns,
                                        self.critic_cfg, step)

@@ -4,7 +4,9 @@ Mirrors MindSpeed-RL's actor update: the batch is split into mini-batches (one o
 each, optionally shuffled per epoch); each mini-batch is run in micro-batches whose losses are
 weighted so the accumulated gradient equals the gradient of the whole mini-batch's loss.
 When one mini-batch covers the batch for one epoch the old policy is the current one, so the
-old-logprob forward pass is skipped and the detached current log-probs stand in for it.
+old-logprob forward pass is skipped and the detached current log-probs stand in for it; the
+log-probs of that step's own forward pass are then the policy's before the update, which the
+caller gets back for its checks (train_rollout_logprob_diff) without a pass of its own.
 """
 from __future__ import annotations
 
@@ -71,6 +73,14 @@ class UpdateMetrics:
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one update call gives back."""
+
+    metrics: UpdateMetrics
+    start_logprobs: torch.Tensor  # [B, L] (CPU) the policy's log-probs of `samples` before this update's first step
 
 
 def build_optimizer(model, mt, total_steps: int):
@@ -163,12 +173,14 @@ def mini_batch_order(num_samples: int, mini_batch_size: int, shuffle: bool, seed
 LOSS_METRICS = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl")
 
 
-def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateConfig, step: int = 0) -> UpdateMetrics:
+def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateConfig, step: int = 0) -> UpdateResult:
     """Runs cfg.epochs passes of optimizer steps over `batch`; `step` seeds the shuffle reproducibly."""
     samples = batch.samples
     mask = samples.response_mask()
     old_pass = batch.old_logprobs is None and needs_old_logprob_pass(samples.size, cfg)
     old_logprobs = compute_logprobs(model, samples, cfg.forward)[0] if old_pass else batch.old_logprobs
+    # Without old log-probs there is one step over every sample: its forward pass fills these.
+    start_logprobs = old_logprobs.float().cpu() if old_logprobs is not None else torch.zeros(samples.size, samples.max_response_length)
     params = [p for p in model.parameters() if p.requires_grad]
     model.train()
     loss_totals = torch.zeros(len(LOSS_METRICS))  # filled on the last pipeline stage, where losses are computed
@@ -192,17 +204,21 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
                                   entropy=entropy, kl=kl)
                 # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
                 weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level_loss else len(index) / len(mini)
-                loss_totals.add_(torch.tensor([float(getattr(out, m)) for m in LOSS_METRICS]) * float(weight))
+                loss_totals.add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * float(weight))
                 return out.loss * weight
 
-            run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
+            results = run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
+            if old_logprobs is None:
+                for index, (logp, _) in zip(indexes, results):
+                    start_logprobs[index, : logp.size(1)] = logp.float().cpu()
             step_grad_norm, step_lr = optimizer_step(model, optimizer, scheduler, params, cfg.clip_grad)
             grad_norm += step_grad_norm
             lr += step_lr
             steps += 1
     broadcast_from_last_stage(loss_totals)
     means = dict(zip(LOSS_METRICS, (loss_totals / steps).tolist()))
-    return UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass)
+    metrics = UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass)
+    return UpdateResult(metrics, start_logprobs)
 
 
 def broadcast_from_last_stage(values: torch.Tensor) -> None:

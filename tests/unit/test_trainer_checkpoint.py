@@ -37,13 +37,13 @@ def test_resume_gives_the_uninterrupted_next_steps(hf_dir, tmp_path):
         update_policy(model, optimizer, scheduler, batch, CFG, step)
     save_checkpoint(tmp_path, model, optimizer, scheduler, TrainState(step=2, policy_version=2, data=DataCursor(0, 16)))
     draw_after_save = torch.rand(3)
-    uninterrupted = [update_policy(model, optimizer, scheduler, batch, CFG, step) for step in (2, 3)]
+    uninterrupted = [update_policy(model, optimizer, scheduler, batch, CFG, step).metrics for step in (2, 3)]
 
     model, optimizer, scheduler, batch = make_run(hf_dir)  # fresh weights and optimizer, as after a restart
     state = load_checkpoint(tmp_path, model, optimizer, scheduler)
     assert state == TrainState(step=2, policy_version=2, data=DataCursor(0, 16))
     assert torch.equal(torch.rand(3), draw_after_save)
-    resumed = [update_policy(model, optimizer, scheduler, batch, CFG, step) for step in (state.step, state.step + 1)]
+    resumed = [update_policy(model, optimizer, scheduler, batch, CFG, step).metrics for step in (state.step, state.step + 1)]
     for a, b in zip(uninterrupted, resumed):
         assert b.loss == pytest.approx(a.loss, abs=1e-6)
         assert b.lr == pytest.approx(a.lr) and b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)

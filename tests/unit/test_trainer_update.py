@@ -1,4 +1,5 @@
-"""The update step: LR schedules, GRPO steps on a fixed batch, the skipped old-logprob pass, micro-batch exactness."""
+"""The update step: LR schedules, GRPO steps on a fixed batch, the skipped old-logprob pass, micro-batch exactness,
+the log-probs before the update it hands back and the train/rollout agreement computed from them."""
 import dataclasses
 
 import pytest
@@ -59,7 +60,7 @@ def test_grpo_steps_raise_logprob_of_rewarded_responses(hf_dir):
     before = compute_logprobs(model, batch.samples, ForwardConfig(micro_batch_size=8))[0]
     batch = dataclasses.replace(batch, ref_logprobs=before)
     for step in range(4):
-        metrics = update_policy(model, optimizer, scheduler, batch, cfg, step)
+        metrics = update_policy(model, optimizer, scheduler, batch, cfg, step).metrics
         assert not metrics.old_logprob_pass and metrics.optimizer_steps == 1
     after = compute_logprobs(model, batch.samples, ForwardConfig(micro_batch_size=8))[0]
 
@@ -75,7 +76,7 @@ def test_grpo_steps_raise_logprob_of_rewarded_responses(hf_dir):
 def _one_update(hf_dir, batch, cfg):
     model, _ = megatron_tp1(hf_dir)
     optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.0), total_steps=4)
-    metrics = update_policy(model, optimizer, scheduler, batch, cfg)
+    metrics = update_policy(model, optimizer, scheduler, batch, cfg).metrics
     # The last mini-batch's gradient (Adam's first step is ~lr * sign(g): parameters would hide or blow up tiny differences).
     return metrics, torch.cat([p.grad.flatten() for p in model.parameters()])
 
@@ -90,6 +91,35 @@ def test_skipped_old_logprob_pass_equals_computing_it(hf_dir):
     assert not skipped.old_logprob_pass
     assert skipped.pg_loss == pytest.approx(explicit.pg_loss, abs=1e-6)
     assert torch.allclose(grads_skipped, grads_explicit, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [UpdateConfig(mini_batch_size=8), UpdateConfig(mini_batch_size=4, epochs=2)],
+                         ids=["one-step", "mini-batches"])
+def test_update_hands_back_the_log_probs_before_its_first_step(hf_dir, cfg):
+    # One step: they come from the step's own forward pass (no pass of their own); several: from the old-policy pass.
+    model, _ = megatron_tp1(hf_dir)
+    batch = grpo_batch()
+    before = compute_logprobs(model, batch.samples, cfg.forward)[0]
+    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3), total_steps=4)
+    result = update_policy(model, optimizer, scheduler, batch, cfg)
+    assert torch.allclose(result.start_logprobs, before, atol=1e-6)
+    after = compute_logprobs(model, batch.samples, cfg.forward)[0]
+    assert not torch.allclose(after, before, atol=1e-4)  # the policy moved: they are not the updated policy's
+
+
+def test_rollout_agreement_counts_only_tokens_of_the_current_weights():
+    from services.trainer.iteration_data import ScoredBatch
+    from services.trainer.session import rollout_agreement
+
+    trainer = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]])
+    # sample 0: two tokens of version 3 (current), one of version 2 (a partial rollout's older round); sample 1: two tokens
+    batch = ScoredBatch([0, 1], [[1], [1]], [[5, 6, 7], [5, 6]], [1.0, 0.0], [[-1.5, -2.5, -9.0], [-1.0, -1.25]],
+                        [[2, 3, 3], [3, 3]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    metrics = rollout_agreement(trainer, batch, mask, version=3)
+    assert metrics["train_rollout_logprob_diff"] == pytest.approx((0.5 + 6.0 + 0.0 + 0.25) / 4)
+    assert metrics["rollout/off_policy_token_fraction"] == pytest.approx(1 / 5)
+    assert "train_rollout_logprob_diff" not in rollout_agreement(trainer, batch, mask, version=4)
 
 
 def test_mini_batches_and_epochs_compute_the_old_policy_once(hf_dir):

@@ -35,7 +35,7 @@ def parity_update(model, batch):
     cfg = UpdateConfig(mini_batch_size=3, clip_grad=0.5, forward=ForwardConfig(micro_batch_size=1),
                        loss=PolicyLossConfig(entropy_coeff=0.01))
     adv = group_norm_advantages(torch.tensor([1.0, 0.0, 0.0]), 3, batch.response_mask())
-    return update_policy(model, optimizer, scheduler, TrainBatch(batch, adv), cfg).as_dict()
+    return update_policy(model, optimizer, scheduler, TrainBatch(batch, adv), cfg).metrics.as_dict()
 
 
 def main() -> None:
