@@ -251,7 +251,7 @@ class Dock:
             lease_id = f"{self.holder}/{uuid.uuid4().hex}" if self.holder else uuid.uuid4().hex
             reply = self._run("claim", self._digest, consumer, lease_id, self._lease_ms, count, min_count, int(group),
                               int(layout.guarantee_order), lo, hi, int(rollout), max_age, int(partial and not rollout),
-                              len(columns), *columns)
+                              len(columns), *columns, len(wanted), *wanted)
             if reply[1] or time.monotonic() >= deadline:
                 break
             time.sleep(self._poll_s)
@@ -259,7 +259,9 @@ class Dock:
         if not rows:
             return None
         indexes, ages = reply[2:2 + rows], reply[2 + rows:2 + 2 * rows]
-        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, self._values(indexes, wanted))
+        values = {name: [None if blob is None else codec.decode(blob) for blob in reply[2 + (2 + c) * rows:2 + (3 + c) * rows]]
+                  for c, name in enumerate(wanted)}
+        return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, values)
 
     def ack(self, lease: Lease, indexes: Sequence[int]) -> None:
         """Ends the lease on rows the consumer is done with and put nothing for (e.g. actor_train)."""

@@ -21,7 +21,9 @@ _CODE_DTYPES = {code: name for name, code in DTYPE_CODES.items()}
 # Looked up by dtype object: dtype.name is slow enough to matter at tens of thousands of values per put.
 _DTYPE_TO_CODE = {np.dtype(name): code for name, code in DTYPE_CODES.items() if name != "utf8"}
 _NUMPY_DTYPES = {code: np.dtype(name) for name, code in DTYPE_CODES.items() if name != "utf8"}
-_DIM = struct.Struct("<I")
+_DTYPES_BY_NAME = {name: np.dtype(name) for name in DTYPE_CODES if name != "utf8"}
+# Header per ndim (dtype code, ndim, dims): one precompiled pack per value instead of one per dimension.
+_HEADERS = [struct.Struct(f"<BB{ndim}I") for ndim in range(65)]  # numpy allows up to 64 dimensions
 # Python values of these numpy kinds convert to a column of the key's kind without losing anything.
 _ACCEPTED_KINDS = {"b": "b", "u": "bu", "i": "biu", "f": "biuf"}
 
@@ -29,7 +31,7 @@ Value = np.ndarray | Sequence[int] | Sequence[float] | str | int | float
 
 
 def _header(code: int, shape: tuple[int, ...]) -> bytes:
-    return bytes((code, len(shape))) + b"".join(_DIM.pack(d) for d in shape)
+    return _HEADERS[len(shape)].pack(code, len(shape), *shape)
 
 
 def to_array(value: Value, dtype: str, field: str) -> np.ndarray | str:
@@ -41,7 +43,7 @@ def to_array(value: Value, dtype: str, field: str) -> np.ndarray | str:
     if isinstance(value, str):
         raise InvalidArgument(field, f"expected numbers of dtype {dtype}, got a str")
     if isinstance(value, np.ndarray):
-        if value.dtype != np.dtype(dtype):
+        if value.dtype != _DTYPES_BY_NAME[dtype]:
             raise InvalidArgument(field, f"dtype {value.dtype} does not match the column's dtype {dtype}")
         return value
     inferred = np.asarray(value)
@@ -65,7 +67,7 @@ def encode(value: np.ndarray | str) -> bytes:
     code = _DTYPE_TO_CODE.get(array.dtype)
     if code is None:
         raise InvalidArgument("dtype", f"{value.dtype} is not storable (use one of {', '.join(DTYPE_CODES)})")
-    return b"".join((_header(code, array.shape), memoryview(array).cast("B")))
+    return _header(code, array.shape) + array.tobytes()
 
 
 def decode(blob: bytes) -> np.ndarray | str:
@@ -76,5 +78,6 @@ def decode(blob: bytes) -> np.ndarray | str:
     offset = 2 + 4 * ndim
     if code == DTYPE_CODES["utf8"]:
         return bytes(blob[offset:]).decode()
-    shape = struct.unpack_from(f"<{ndim}I", blob, 2)
-    return np.frombuffer(blob, dtype=_NUMPY_DTYPES[code], offset=offset).reshape(shape)
+    array = np.frombuffer(blob, dtype=_NUMPY_DTYPES[code], offset=offset)
+    # 1-D (per-token columns, most values) is frombuffer's own shape; others take the stored one.
+    return array if ndim == 1 else array.reshape(_HEADERS[ndim].unpack_from(blob)[2:])

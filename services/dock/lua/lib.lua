@@ -5,14 +5,18 @@ local function k(name) return base .. name end
 
 local function fail(tag, message) return redis.error_reply(tag .. ' ' .. message) end
 
--- The run's meta hash as a table; nil when the dock was never created.
+-- The fields of the run's meta hash that scripts use, as a table; nil when the dock was never
+-- created. The layout (JSON) is left out: only dropping rows needs it (layout_columns).
+local META_FIELDS = {'token', 'n', 'capacity', 'completion', 'target', 'complete'}
 local function load_meta()
-  local flat = redis.call('HGETALL', k('meta'))
-  if #flat == 0 then return nil end
+  local values = redis.call('HMGET', k('meta'), unpack(META_FIELDS))
+  if not values[2] then return nil end
   local meta = {}
-  for i = 1, #flat, 2 do meta[flat[i]] = flat[i + 1] end
+  for i, name in ipairs(META_FIELDS) do meta[name] = values[i] end
   return meta
 end
+
+local function layout_columns() return cjson.decode(redis.call('HGET', k('meta'), 'layout')).columns end
 
 -- Returns meta, or nil plus the error reply to return (not created / wrong token).
 local function open(digest)
@@ -144,11 +148,10 @@ end
 -- Removes rows from every key of the run (values, flags, leases, ages, completion counts).
 local function drop_rows(meta, rows)
   if #rows == 0 then return end
-  local layout = cjson.decode(meta.layout)
   local n = tonumber(meta.n)
   local consumers = redis.call('SMEMBERS', k('consumers'))
   local bitmaps, values, groups, seen = {k('live')}, {}, {}, {}
-  for _, column in ipairs(layout.columns) do
+  for _, column in ipairs(layout_columns()) do
     bitmaps[#bitmaps + 1] = k('ready:' .. column.name)
     for _, row in ipairs(rows) do values[#values + 1] = value_key(column.name, row) end
   end
@@ -181,7 +184,7 @@ end
 local function delete_pool(meta)
   local keys = {k('live'), k('version'), k('rowage'), k('age'), k('done')}
   local capacity = tonumber(meta.capacity)
-  for _, column in ipairs(cjson.decode(meta.layout).columns) do
+  for _, column in ipairs(layout_columns()) do
     keys[#keys + 1] = k('ready:' .. column.name)
     for row = 0, capacity - 1 do keys[#keys + 1] = value_key(column.name, row) end
   end

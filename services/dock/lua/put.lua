@@ -38,6 +38,7 @@ end
 
 for c = 0, ncols - 1 do
   local name, appendable = ARGV[9 + nrows + 2 * c], ARGV[10 + nrows + 2 * c] == '1'
+  local writes = {}  -- key, value pairs for MSET: one command per 500 values instead of a SET each
   for i, row in ipairs(rows) do
     local value, dst = ARGV[first_value + c * nrows + i - 1], value_key(name, row)
     if append and appendable and redis.call('EXISTS', dst) == 1 then
@@ -46,9 +47,11 @@ for c = 0, ncols - 1 do
       redis.call('APPEND', dst, string.sub(value, 7))
       redis.call('SETRANGE', dst, 2, struct.pack('<I4', length))
     else
-      redis.call('SET', dst, value)
+      writes[#writes + 1] = dst
+      writes[#writes + 1] = value
     end
   end
+  for first = 1, #writes, 1000 do redis.call('MSET', unpack(writes, first, math.min(first + 999, #writes))) end
   if not partial then
     local was_ready = set_bits(k('ready:' .. name), rows, 1)
     if name == meta.completion then
