@@ -219,6 +219,7 @@ class DockConfig:
     capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
     claim_poll_s: float = 0.05  # how often a waiting claim asks again
+    max_memory_mb: float = 0.0  # a put that would take Redis's used_memory past this is refused (ResourceExhausted); 0: no limit
 
 
 @dataclass(frozen=True)
@@ -540,6 +541,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"{mt.global_batch_size}; the pool must hold one iteration (or 0 for the default)"
         )
     _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
+    _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     shares = []
     if cfg.init_model is not None:
         shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),

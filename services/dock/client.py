@@ -130,13 +130,14 @@ class Dock:
     """One run's pool in Redis. Thread-safe (redis-py pools connections); use one per process."""
 
     def __init__(self, client: redis.Redis, prefix: str = "dockrl", run_id: str = "default", token: str = "",
-                 lease_seconds: float = 120.0, poll_s: float = 0.05, holder: str = ""):
+                 lease_seconds: float = 120.0, poll_s: float = 0.05, holder: str = "", max_memory_mb: float = 0.0):
         self.client = client
         self.holder = holder  # who claims through this client (a replica id): leading part of its lease ids
         self.keys = Keys(prefix, run_id)
         self._digest = token_digest(token)
         self._lease_ms = int(lease_seconds * 1000)
         self._poll_s = poll_s
+        self._max_memory_bytes = int(max_memory_mb * 2**20)  # 0: no limit of the dock's own (Redis's maxmemory still applies)
         self._scripts = DockScripts(client)
         self._layout: DockLayout | None = None
 
@@ -144,7 +145,7 @@ class Dock:
     def from_config(cls, cfg: Config, token: str = "", redis_url: str | None = None, holder: str = "") -> Dock:
         """A client for the run `cfg.dock` names; asks Redis for AOF when `dock.durability` is set."""
         dock = cls(redis_client(cfg.dock, redis_url), cfg.dock.prefix, cfg.dock.run_id, token,
-                   cfg.dock.lease_seconds, cfg.dock.claim_poll_s, holder)
+                   cfg.dock.lease_seconds, cfg.dock.claim_poll_s, holder, cfg.dock.max_memory_mb)
         if cfg.dock.durability:
             dock.enable_durability()
         return dock
@@ -182,6 +183,8 @@ class Dock:
         rollout) stores without ready flags, returns the rows to the lease's consumer with age + 1;
         `append=True` appends 1-D variable-length columns to what is stored. With a lease the put
         is refused (StaleLease) when the lease no longer holds a row. `version` is the policy version.
+        With `dock.max_memory_mb` set, a put that would take Redis's used_memory past it is refused
+        whole (ResourceExhausted).
         """
         rows = self._check_indexes(indexes)
         if not columns:
@@ -205,7 +208,7 @@ class Dock:
                 blobs.append(codec.encode(array))
         # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
         self._run("put", self._digest, lease.consumer if lease else "", lease.lease_id if lease else "",
-                  "" if version is None else version, int(partial), int(append), len(rows), len(columns),
+                  "" if version is None else version, int(partial), int(append), self._max_memory_bytes, len(rows), len(columns),
                   *rows, *described, *blobs)
         return len(rows)
 

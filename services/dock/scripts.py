@@ -11,7 +11,7 @@ import pathlib
 
 import redis
 
-from services.common.errors import FailedPrecondition, Unauthenticated, Unavailable
+from services.common.errors import FailedPrecondition, ResourceExhausted, Unauthenticated, Unavailable
 
 LUA_DIR = pathlib.Path(__file__).with_name("lua")
 SCRIPT_NAMES = ("create", "clear", "put", "claim", "lease", "begin_iteration", "all_consumed", "sweep", "set_version")
@@ -27,6 +27,7 @@ class DockMissing(FailedPrecondition):
 
 _ERROR_TAGS = {
     "DOCK_NOT_CREATED": DockMissing, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
+    "DOCK_MEMORY": ResourceExhausted,
     # Redis's own replies for states that pass (a long script running, a replica failing over):
     # callers wait and ask again, as for a lost connection, instead of dying on a raw error.
     "BUSY": Unavailable, "MASTERDOWN": Unavailable, "READONLY": Unavailable, "TRYAGAIN": Unavailable,

@@ -1,17 +1,19 @@
--- put: ARGV digest, consumer, lease_id, version, partial, append, nrows, ncols, rows[nrows],
--- per column: name, appendable; then the values, column by column (value of column c, row i
--- at 9 + nrows + 2 * ncols + c * nrows + i).
+-- put: ARGV digest, consumer, lease_id, version, partial, append, max_bytes, nrows, ncols,
+-- rows[nrows], per column: name, appendable; then the values, column by column (value of
+-- column c, row i at 10 + nrows + 2 * ncols + c * nrows + i).
 -- The values travel in the script's own call, so a put is one command, one round trip and one
 -- write per value. Checks the token and (with a consumer) that the lease still holds every row
--- before writing anything. A final put sets the ready flags and ends the lease; a partial put
+-- before writing anything, and (max_bytes > 0) that Redis's used_memory plus the put's bytes stays
+-- within max_bytes, so a full Redis refuses a put instead of evicting keys or failing mid-way
+-- (used_memory already holds this call's arguments: the check errs on the safe side). A final put sets the ready flags and ends the lease; a partial put
 -- (partial rollout) stores without ready flags, returns the rows to the consumer's pool and
 -- ages them.
 local consumer, lease_id, version = ARGV[2], ARGV[3], ARGV[4]
-local partial, append = ARGV[5] == '1', ARGV[6] == '1'
-local nrows, ncols = tonumber(ARGV[7]), tonumber(ARGV[8])
+local partial, append, max_bytes = ARGV[5] == '1', ARGV[6] == '1', tonumber(ARGV[7])
+local nrows, ncols = tonumber(ARGV[8]), tonumber(ARGV[9])
 local rows = {}
-for i = 1, nrows do rows[i] = ARGV[8 + i] end
-local first_value = 9 + nrows + 2 * ncols
+for i = 1, nrows do rows[i] = ARGV[9 + i] end
+local first_value = 10 + nrows + 2 * ncols
 
 local meta, err = open(ARGV[1])
 if not meta then return err end
@@ -19,6 +21,16 @@ if consumer ~= '' then
   requeue_expired(consumer, now_ms())
   local stale = check_owned(consumer, lease_id, rows)
   if stale then return stale end
+end
+if max_bytes > 0 then
+  local bytes = 0
+  for i = first_value, #ARGV do bytes = bytes + #ARGV[i] end
+  local used = tonumber(string.match(redis.call('INFO', 'memory'), 'used_memory:(%d+)'))
+  if used + bytes > max_bytes then
+    return fail('DOCK_MEMORY', string.format('a put of %.1f MiB would take Redis from %.1f MiB of used_memory past ' ..
+      'dock.max_memory_mb = %.1f; retire trained groups (begin_iteration), clear old runs or raise the limit',
+      bytes / 1048576, used / 1048576, max_bytes / 1048576))
+  end
 end
 local n = tonumber(meta.n)
 
@@ -37,7 +49,7 @@ if admitted > 0 then
 end
 
 for c = 0, ncols - 1 do
-  local name, appendable = ARGV[9 + nrows + 2 * c], ARGV[10 + nrows + 2 * c] == '1'
+  local name, appendable = ARGV[10 + nrows + 2 * c], ARGV[11 + nrows + 2 * c] == '1'
   local writes = {}  -- key, value pairs for MSET: one command per 500 values instead of a SET each
   for i, row in ipairs(rows) do
     local value, dst = ARGV[first_value + c * nrows + i - 1], value_key(name, row)
