@@ -11,9 +11,19 @@ what a person would write instead: SET every encoded value in one pipeline per s
 same values back in the same chunks, with no flags, leases or checks. The two run side by side,
 interleaved, on a private redis-server (the shared one is left alone); figures are medians.
 
-Prints put+claim rows/s of both and the dock's per-iteration overhead over plain pipelines. The
-share of a real iteration's wall time spent in the dock (goal < 2%) is measured by
-bench/bench_e2e.py, which runs this same iteration at the tiny run's size next to a real run.
+Prints put+claim rows/s of both and the dock's per-iteration overhead over plain pipelines (goal:
+dock rows/s >= 0.8 of plain). The share of a real iteration's wall time spent in the dock (goal
+< 2%) is measured by bench/bench_e2e.py, which runs this same iteration at the tiny run's size
+next to a real run.
+
+Two more parts, on the same Redis:
+  - many consumers: 1, 4, 16 claimer processes of one consumer (actor_rollout) empty one pool,
+    each a worker's loop (claim prompts, put a result under the lease); rows/s, claims/s and
+    p50 / p99 claim latency per count, interleaved; asserts no row was claimed twice or lost and
+    each row kept its own claimer's result.
+  - memory: Redis used_memory over --memory-iterations iterations of the traffic above, with the
+    pool full (before the trained rows are retired) and empty (after begin_iteration retired them),
+    and the memory one in-flight row takes.
 
     python bench/bench_dock.py --quick                # 256 and 4096 rows, short sequences (CI)
     python bench/bench_dock.py                        # 256, 4096, 32768 rows; 128-token prompts, 256-token responses
@@ -22,6 +32,7 @@ bench/bench_e2e.py, which runs this same iteration at the tiny run's size next t
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import sys
 import time
 import uuid
@@ -151,6 +162,102 @@ def measure(client, rows: int, prompt_len: int, response_len: int, claims: int, 
         dock.destroy()
 
 
+def claimer(url: str, prefix: str, dispatch: int, worker: int, start, results) -> None:
+    """One worker process: claims prompts until the pool is empty, puts its id as each row's result; sends (rows, latencies)."""
+    import redis
+
+    from services.common.config import DockConfig
+    from services.dock.client import Dock
+
+    dock = Dock(redis.Redis.from_url(url, socket_timeout=DockConfig.socket_timeout_s), prefix, "run")
+    dock.layout  # read before the start, so every worker begins claiming at once
+    start.wait()
+    taken, latencies = [], []
+    while True:
+        began = time.perf_counter()
+        claim = dock.claim("actor_rollout", ["prompts"], dispatch)
+        if claim is None:
+            break
+        latencies.append(time.perf_counter() - began)
+        dock.put(claim.indexes, {"response_length": [worker] * len(claim)}, lease=claim.lease)
+        taken += claim.indexes
+    results.put((worker, taken, latencies))
+
+
+def concurrent_claims(client, url: str, rows: int, prompt_len: int, claimers: int, dispatch: int) -> tuple[float, list[float]]:
+    """`claimers` processes empty a pool of `rows` prompts; returns (seconds, claim latencies) after checking every row went to exactly one."""
+    data = IterationData.make(rows, prompt_len, 1)
+    dock = new_dock(client, rows)
+    try:
+        all_rows = list(range(rows))
+        dock.put(all_rows, data.columns(("prompts",), all_rows))
+        ctx = multiprocessing.get_context("fork")
+        start, results = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=claimer, args=(url, dock.keys.prefix, dispatch, w, start, results)) for w in range(claimers)]
+        for p in procs:
+            p.start()
+        time.sleep(0.2)  # let every worker connect and read the layout before the clock starts
+        began = time.perf_counter()
+        start.set()
+        got = [results.get(timeout=600) for _ in procs]
+        seconds = time.perf_counter() - began
+        for p in procs:
+            p.join()
+        taken = [row for _, worker_rows, _ in got for row in worker_rows]
+        assert len(taken) == len(set(taken)), f"{claimers} claimers: {len(taken) - len(set(taken))} rows claimed twice"
+        assert sorted(taken) == all_rows, f"{claimers} claimers: {rows - len(set(taken))} rows never claimed"
+        owner = {row: w for w, worker_rows, _ in got for row in worker_rows}
+        stored = dock.read(all_rows, ["response_length"])["response_length"]
+        assert all(int(v) == owner[row] for row, v in zip(all_rows, stored)), "a row kept another claimer's result"
+        stats = dock.stats()
+        assert stats.leased["actor_rollout"] == 0 and stats.unaccounted_rows() == 0, stats
+        return seconds, [t for _, _, latencies in got for t in latencies]
+    finally:
+        dock.destroy()
+
+
+def measure_claimers(client, url: str, rows: int, prompt_len: int, counts: list[int], dispatch: int, reps: int):
+    """Interleaved rounds at each claimer count; per count, seconds per timed round and the latencies of its claims."""
+    rounds: dict[int, list[list[float]]] = {k: [] for k in counts}  # per count, each round's claim latencies
+
+    def round_at(k: int):
+        def run() -> float:
+            seconds, latencies = concurrent_claims(client, url, rows, prompt_len, k, dispatch)
+            rounds[k].append(latencies)
+            return seconds
+        return run
+
+    warmups = 1
+    times = interleaved({str(k): round_at(k) for k in counts}, reps, warmups=warmups, label=f"{rows} rows, claimers: ")
+    return {k: (times[str(k)], [t for latencies in rounds[k][warmups:] for t in latencies]) for k in counts}
+
+
+def measure_memory(client, rows: int, prompt_len: int, response_len: int, claims: int, iterations: int) -> dict[str, list[int]]:
+    """Redis used_memory (bytes) and key count over `iterations` iterations, with the pool full and after retiring."""
+    from services.dock import codec
+
+    data = IterationData.make(rows, prompt_len, response_len)
+    found = {"before": [client.info("memory")["used_memory"]], "full": [], "retired": [], "keys": [],
+             "payload": [sum(len(codec.encode(codec.to_array(v, spec_dtype(name), name)))
+                             for name, values in data.values.items() for v in values)]}
+    dock = new_dock(client, rows)
+    try:
+        for i in range(iterations):
+            dock_iteration(dock, data, claims)
+            found["full"].append(client.info("memory")["used_memory"])
+            dock.begin_iteration(rows // N)  # retires the trained groups, as the next iteration's start does
+            found["retired"].append(client.info("memory")["used_memory"])
+            found["keys"].append(client.dbsize())
+            if (i + 1) % max(1, iterations // 5) == 0:
+                progress(f"memory: iteration {i + 1}/{iterations}: full {found['full'][-1] / 2**20:.2f} MiB, "
+                         f"retired {found['retired'][-1] / 2**20:.2f} MiB, {found['keys'][-1]} keys")
+        stats = dock.stats()
+        assert stats.live_rows == 0 and stats.unaccounted_rows() == 0, stats
+    finally:
+        dock.destroy()
+    return found
+
+
 def spec_dtype(column: str) -> str:
     """The dtype the dock's default layout gives `column` (the baseline encodes values as the dock does)."""
     from services.dock.schema import DEFAULT_COLUMNS
@@ -158,20 +265,35 @@ def spec_dtype(column: str) -> str:
     return next(c.dtype for c in DEFAULT_COLUMNS if c.name == column)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) of `values`, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
 def main() -> int:
-    p = parser(__doc__, "256 and 4096 rows, 32-token prompts, 64-token responses, 3 repetitions (CI)")
+    p = parser(__doc__, "256 and 4096 rows, 32-token prompts, 64-token responses, 3 repetitions; "
+                        "1024-row claimer rounds; 20 memory iterations of 256 rows (CI)")
     p.add_argument("--redis-url", default="", help="measure against this Redis (default: start a private redis-server on a free port)")
     p.add_argument("--rows", type=int, nargs="+", default=None, help="GBS*n rows per iteration (default 256 4096 32768; --quick 256 4096)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128; --quick 32)")
     p.add_argument("--response-len", type=int, default=None, help="longest response; lengths are uniform in [1, this] (default 256; --quick 64)")
     p.add_argument("--claims", type=int, default=8, help="claims per consumer per iteration, as that many workers would take (default 8)")
+    p.add_argument("--claimers", type=int, nargs="+", default=[1, 4, 16], help="concurrent claimer processes to compare (default 1 4 16)")
+    p.add_argument("--claim-rows", type=int, default=None, help="rows the claimers empty per round (default 8192; --quick 1024)")
+    p.add_argument("--dispatch", type=int, default=32, help="rows per claim in the claimer rounds (default 32)")
+    p.add_argument("--memory-iterations", type=int, default=None, help="iterations of the memory run (default 200; --quick 20)")
+    p.add_argument("--memory-rows", type=int, default=None, help="GBS*n of the memory run (default 1024; --quick 256)")
     args = p.parse_args()
     reps = args.reps or (3 if args.quick else 5)
     sizes = args.rows or ([256, 4096] if args.quick else [256, 4096, 32768])
     prompt_len = args.prompt_len or (32 if args.quick else 128)
     response_len = args.response_len or (64 if args.quick else 256)
-    if any(r % N for r in sizes):
-        p.error(f"--rows: each must be a multiple of n={N}")
+    claim_rows = args.claim_rows or (1024 if args.quick else 8192)
+    memory_iterations = args.memory_iterations or (20 if args.quick else 200)
+    memory_rows = args.memory_rows or (256 if args.quick else 1024)
+    if any(r % N for r in [*sizes, claim_rows, memory_rows, args.dispatch]):
+        p.error(f"--rows, --claim-rows, --memory-rows, --dispatch: each must be a multiple of n={N}")
 
     import redis
 
@@ -184,14 +306,30 @@ def main() -> int:
         progress(f"redis {url}; rows {sizes}, {prompt_len}-token prompts, responses 1..{response_len} tokens, "
                  f"{args.claims} claims per consumer, {reps} reps")
         results = {rows: measure(client, rows, prompt_len, response_len, args.claims, reps) for rows in sizes}
+        claimers = measure_claimers(client, url, claim_rows, prompt_len, args.claimers, args.dispatch, reps)
+        memory = measure_memory(client, memory_rows, prompt_len, response_len, args.claims, memory_iterations)
 
     print(machine_line())
     print(f"{'GBS*n':>7}{'dock s/iter':>13}{'plain s/iter':>14}{'dock rows/s':>13}{'plain rows/s':>14}{'overhead s/iter':>17}")
     for rows, times in results.items():
         d, q = median(times["dock"]), median(times["plain"])
         print(f"{rows:>7}{d:>13.3f}{q:>14.3f}{rows / d:>13,.0f}{rows / q:>14,.0f}{d - q:>17.3f}")
+    print(f"\nclaimers emptying {claim_rows} rows in claims of {args.dispatch} (claim, then put under the lease); "
+          "no row twice, none lost, each kept its claimer's result")
+    print(f"{'claimers':>9}{'s/round':>10}{'rows/s':>10}{'claims/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
+    for k, (seconds, latencies) in claimers.items():
+        t = median(seconds)
+        print(f"{k:>9}{t:>10.3f}{claim_rows / t:>10,.0f}{claim_rows / args.dispatch / t:>10,.0f}"
+              f"{1e3 * percentile(latencies, 50):>9.2f}{1e3 * percentile(latencies, 99):>9.2f}")
+    full, retired = memory["full"], memory["retired"]
+    per_row = (median(full) - median(retired)) / memory_rows
+    print(f"\nmemory over {memory_iterations} iterations of {memory_rows} rows: used_memory before the dock "
+          f"{memory['before'][0] / 2**20:.2f} MiB; pool full {full[0] / 2**20:.2f} -> {full[-1] / 2**20:.2f} MiB "
+          f"(max {max(full) / 2**20:.2f}); retired {retired[0] / 2**20:.2f} -> {retired[-1] / 2**20:.2f} MiB "
+          f"(max {max(retired) / 2**20:.2f}); keys after retiring {min(memory['keys'])}..{max(memory['keys'])}")
+    print(f"memory per in-flight row: {per_row:,.0f} bytes (encoded values {memory['payload'][0] / memory_rows:,.0f} bytes a row)")
     for rows, times in results.items():
-        ratio(f"dock / plain pipelines rows/s at GBS*n={rows}", paired(times, "plain", "dock"))
+        ratio(f"dock / plain pipelines rows/s at GBS*n={rows}", paired(times, "plain", "dock"), at_least=0.8)
     return 0
 
 
