@@ -1,5 +1,5 @@
 """Where an iteration's time goes in a whole GRPO run: per-stage breakdown, the share the trainer
-waits on rollout, and the share spent in the dock.
+waits on rollout, the share spent in the dock, and the iteration against a single-process loop.
 
 Runs `dockrl up` on the tiny CPU config (real Redis, a vLLM rollout replica, a reward replica and
 the megatron-core trainer, as separate processes on loopback) for --iters iterations, without the
@@ -7,6 +7,13 @@ warm start (only time matters here) or evaluations, and reads the trainer's metr
 iteration, rollout + reward (the trainer waits on the dock for scored groups), train (log-probs,
 advantages, update) and weight sync (push to the replica), and the whole. The first
 iterations (--skip) are left out (first use of every kernel and code path).
+
+The reference: the same GRPO iterations in one process, as a person would write them without
+dockrl: transformers' `generate` (sampling as the config's sampling_config, n samples per prompt),
+the same rule verifiers called in-process, and bench_trainer_step.py's plain PyTorch update
+(same loss, clipping and AdamW), on the same model, data, batch and learning rate. It runs after
+the `dockrl up` run, alone, with the same torch threads the trainer picks; the ratio of median
+iteration times, dockrl / reference, is issue 24's (goal <= 1.5, synchronous).
 
 The dock's share: the same iteration's dock traffic (bench/bench_dock.py: prompts in, rollout
 claims and puts, reward claims and puts, trainer claims and acks, at the run's GBS*n, prompt and
@@ -16,12 +23,14 @@ service's dock calls as if they were on the critical path, so it is an upper bou
 
     python bench/bench_e2e.py --quick      # 3 iterations (CI)
     python bench/bench_e2e.py              # 14 iterations
+    python bench/bench_e2e.py --set rollout.omp_threads_bind=0   # the vLLM engine on core 0 only
 """
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -29,19 +38,20 @@ from bench_dock import IterationData, dock_iteration, new_dock
 from common import REPO, interleaved, machine_line, median, parser, private_redis, progress, ratio, work_dir
 
 DOCK_GOAL = 0.02
+REFERENCE_GOAL = 1.5
 STAGES = (("rollout + reward (trainer waits)", "timing/rollout_and_reward_s"), ("train", "timing/train_s"),
           ("weight sync", "timing/weight_sync_s"))
 
 
-def run_up(work, iters: int) -> list[dict]:
-    """Runs `dockrl up` on configs/tiny_cpu.yaml under `work`; returns the per-iteration metric records."""
+def run_up(work, iters: int, overrides: list[str] = ()) -> list[dict]:
+    """Runs `dockrl up` on configs/tiny_cpu.yaml under `work` (plus `overrides`); returns the per-iteration metric records."""
     logs = work / "logs"
     sets = [
         f"megatron_training.load={work}/model", f"megatron_training.tokenizer_name_or_path={work}/model",
         f"megatron_training.data_path={work}/data/train", f"megatron_training.save={work}/ckpt",
         f"megatron_training.train_iters={iters}", f"arithmetic.out_dir={work}/raw", f"trainer.log_dir={logs}",
         "trainer.eval_data_path=", "trainer.test_data_path=", "trainer.eval_interval=0", "init_model.warm_start_accuracy=0",
-        "rollout.grpc_port=0", "rollout.http_port=0", "reward.grpc_port=0", "trainer.grpc_port=0",
+        "rollout.grpc_port=0", "rollout.http_port=0", "reward.grpc_port=0", "trainer.grpc_port=0", *overrides,
     ]
     argv = [sys.executable, "-m", "services", "up", str(REPO / "configs/tiny_cpu.yaml"), *[f"--set={s}" for s in sets]]
     progress(f"dockrl up: {iters} GRPO iterations on the tiny config (logs in {logs})")
@@ -52,10 +62,65 @@ def run_up(work, iters: int) -> list[dict]:
     return [r for r in records if "timing/iteration_s" in r]
 
 
+def reference_loop(cfg, iters: int) -> list[dict[str, float]]:
+    """The same GRPO iterations in one process (see the module docstring); seconds per part of each iteration."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from bench_trainer_step import PlainStep
+    from services.common.preprocess import load_prompts
+    from services.reward.pool import InProcessRunner
+    from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+    from services.trainer.iteration_data import ScoredBatch
+    from services.trainer.prompt_stream import PromptStream
+
+    mt, rl, sampling = cfg.megatron_training, cfg.rl_config, cfg.generate_config.sampling_config
+    tokenizer = AutoTokenizer.from_pretrained(mt.tokenizer_name_or_path)
+    tokenizer.padding_side = "left"  # generation continues every prompt from its last token
+    step = PlainStep(mt.load, cfg)
+    stop_ids = set(np.atleast_1d(step.model.generation_config.eos_token_id).tolist())
+    plan, runner = ScoringPlan.from_rl_config(rl), InProcessRunner()
+    stream = PromptStream(load_prompts(mt.data_path), mt.seed, shuffle=not rl.guarantee_order)
+    torch.manual_seed(mt.seed)
+    records = []
+    for i in range(iters):
+        start = time.perf_counter()
+        prompts = stream.take(mt.global_batch_size)
+        inputs = tokenizer.pad({"input_ids": [p.prompt_ids for p in prompts]}, return_tensors="pt")
+        step.model.eval()
+        with torch.no_grad():
+            out = step.model.generate(**inputs, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                      top_k=max(sampling.top_k, 0), max_new_tokens=sampling.max_tokens,
+                                      num_return_sequences=rl.n_samples_per_prompt, pad_token_id=tokenizer.pad_token_id)
+        step.model.train()
+        generated = time.perf_counter()
+        batch = ScoredBatch.empty()
+        for row, tokens in enumerate(out[:, inputs["input_ids"].size(1):].tolist()):
+            # a response ends with its first stop token (the model's generation_config lists them), as vLLM's do
+            ends = [k for k, t in enumerate(tokens) if t in stop_ids]
+            response = tokens[: ends[0] + 1] if ends else tokens
+            batch.indexes.append(row)
+            batch.prompts.append(prompts[row // rl.n_samples_per_prompt].prompt_ids)
+            batch.responses.append(response)
+        labels = [prompts[row // rl.n_samples_per_prompt].label for row in range(len(batch.responses))]
+        scored = score_samples([ScoreInput(tokenizer.decode(r, skip_special_tokens=True), label, len(r))
+                                for r, label in zip(batch.responses, labels)], plan, runner)
+        batch.scores.extend(s.total for s in scored)
+        rewarded = time.perf_counter()
+        step(batch)
+        end = time.perf_counter()
+        records.append({"generate": generated - start, "reward": rewarded - generated, "update": end - rewarded,
+                        "iteration": end - start})
+        progress(f"reference iteration {i + 1}/{iters}: {end - start:.3f} s")
+    return records
+
+
 def main() -> int:
     p = parser(__doc__, "3 iterations (the first skipped), the dock replay 3 times (CI)")
     p.add_argument("--iters", type=int, default=None, help="GRPO iterations (default 14; --quick 3)")
     p.add_argument("--skip", type=int, default=None, help="first iterations left out of the medians (default 2; --quick 1)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="one more config override for the dockrl up run, e.g. rollout.omp_threads_bind=0 (repeatable)")
     args = p.parse_args()
     iters = args.iters or (3 if args.quick else 14)
     args.skip = args.skip if args.skip is not None else (1 if args.quick else 2)
@@ -67,7 +132,7 @@ def main() -> int:
     from services.common.preprocess import load_prompts
 
     work = work_dir("e2e")
-    records = run_up(work, iters)[args.skip:]
+    records = run_up(work, iters, args.overrides)[args.skip:]
     cfg = load_config(str(work / "logs/config.yaml"))
     gbs, n = cfg.megatron_training.global_batch_size, cfg.rl_config.n_samples_per_prompt
     iteration = median([r["timing/iteration_s"] for r in records])
@@ -95,6 +160,18 @@ def main() -> int:
     ratio("dock time / iteration time", dock_s / iteration, at_most=DOCK_GOAL)
     tokens = np.median([r["throughput/tokens_per_s"] for r in records])
     print(f"rollout throughput as the trainer sees it: {tokens:.0f} tokens/s")
+
+    import torch
+
+    from services.trainer.model import cpu_threads
+
+    torch.set_num_threads(cpu_threads())
+    progress(f"single-process reference: {iters} iterations, {torch.get_num_threads()} torch threads")
+    reference = reference_loop(cfg, iters)[args.skip:]
+    ref_iteration = median([r["iteration"] for r in reference])
+    print(f"single-process reference: median iteration {ref_iteration:.3f} s (" +
+          ", ".join(f"{part} {median([r[part] for r in reference]):.3f} s" for part in ("generate", "reward", "update")) + ")")
+    ratio("dockrl / single-process reference iteration time", iteration / ref_iteration, at_most=REFERENCE_GOAL)
     return 0
 
 

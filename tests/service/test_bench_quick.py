@@ -18,7 +18,8 @@ RATIO = re.compile(r"^ratio (.+): (-?\d+\.\d+)", re.M)
 
 # script -> the ratio lines its --quick run prints (labels as printed, before the colon)
 EXPECTED = {
-    "bench_rollout.py": [f"{api} / offline tokens/s at concurrency {c}" for c in (1, 8, 64) for api in ("gRPC", "HTTP")],
+    "bench_rollout.py": [f"{api} / offline tokens/s at concurrency {c}" for c in (1, 8, 64) for api in ("gRPC", "HTTP")]
+    + [f"HTTP / vllm serve tokens/s at concurrency {c}" for c in (1, 8, 64)],
     "bench_weight_sync.py": [label for b in ("1", "16") for label in (
         f"raw socket / push to 1 replica time, {b} MiB buckets",
         f"push to 2 / push to 1 replica time, fanout, {b} MiB buckets",
@@ -26,7 +27,9 @@ EXPECTED = {
     "bench_dock.py": [f"dock / plain pipelines rows/s at GBS*n={rows}" for rows in (256, 4096)],
     "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
     "bench_reward.py": ["reward service / in-process verifiers samples/s"],
-    "bench_e2e.py": ["trainer waiting on rollout / iteration time", "dock time / iteration time"],
+    "bench_e2e.py": ["trainer waiting on rollout / iteration time", "dock time / iteration time",
+                     "dockrl / single-process reference iteration time"],
+    "bench_trainer_step.py": ["dockrl / plain train step time"],
     "trainer_logprobs.py": ["packed / padded log-prob pass time"],
 }
 
