@@ -31,19 +31,25 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 def _cmd_init_model(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from services.common.config import InitModelConfig, load_config
-    from services.common.tiny_model import build_tiny_model
+    from services.common.config import ArithmeticConfig, InitModelConfig, load_config
+    from services.common.tiny_model import build_tiny_model, fit_reward_model
 
     cfg = load_config(args.config, args.overrides)
     init = cfg.init_model or InitModelConfig()
     if args.seed is not None:
         init = dataclasses.replace(init, seed=args.seed)
-    out = args.out or cfg.megatron_training.load
+    out = args.out or (cfg.reward_config.load if args.reward else cfg.megatron_training.load)
     if not out:
-        print("init-model: give --out or set megatron_training.load", file=sys.stderr)
+        print(f"init-model: give --out or set {'reward_config' if args.reward else 'megatron_training'}.load", file=sys.stderr)
         return 2
-    path = build_tiny_model(out, init, prompt_type=args.prompt_type or init.prompt_type)
-    print(f"tiny model written to {path}")
+    if args.fit_steps and not args.reward:
+        print("init-model: --fit-steps trains a reward model; give --reward too", file=sys.stderr)
+        return 2
+    path = build_tiny_model(out, init, prompt_type=args.prompt_type or init.prompt_type, reward=args.reward)
+    if args.fit_steps:
+        ranked = fit_reward_model(path, args.fit_steps, cfg.arithmetic or ArithmeticConfig(), seed=init.seed)
+        print(f"reward model fit for {args.fit_steps} steps: ranks {ranked:.0%} of (right, wrong) answer pairs right (50%: chance)")
+    print(f"tiny {'reward ' if args.reward else ''}model written to {path}")
     return 0
 
 
@@ -106,6 +112,12 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="output directory (default: megatron_training.load)")
     p.add_argument("--seed", type=int, default=None, help="init seed (default: init_model.seed)")
     p.add_argument("--prompt-type", default=None, help="chat template stored with the tokenizer (default: init_model.prompt_type)")
+    p.add_argument("--reward", action="store_true",
+                   help="build a reward model instead: Qwen2ForSequenceClassification with one label "
+                        "(default --out: reward_config.load)")
+    p.add_argument("--fit-steps", type=int, default=0, metavar="N",
+                   help="with --reward: train it N steps on the arithmetic demo so its score rises with correctness "
+                        "(default 0: random head)")
     p.set_defaults(func=_cmd_init_model)
 
     data = sub.add_parser("data", help="datasets: preprocess, or generate the arithmetic demo data")

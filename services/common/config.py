@@ -106,7 +106,7 @@ class RLConfig:
     filter_groups_enable: bool = False  # DAPO dynamic sampling: drop groups whose metric has std 0
     filter_groups_metric: str = "acc"  # metric dynamic sampling looks at
     filter_groups_max_batches: int = 10  # extra prompt batches dynamic sampling may draw per iteration
-    verifier_function: tuple[str, ...] = ("base_acc",)  # rule verifiers summed into the reward
+    verifier_function: tuple[str, ...] = ("base_acc",)  # rule verifiers, and `reward_model` for reward_config's model, summed into the reward
     verifier_weight: tuple[float, ...] = (1.0,)  # one weight per verifier_function entry
     verifier_parallel: int = 1  # verifier worker processes per reward replica
     verifier_timeout: float = 30.0  # seconds per sample before the verifier's timeout score is given
@@ -182,6 +182,14 @@ class RewardServiceConfig:
     max_request_mb: int = 64  # gRPC receive limit for one Score request
     server_threads: int = 8  # concurrent Score calls; they share the verifier pool
     metrics_port: int = 0  # Prometheus /metrics (HTTP) on this port; 0: not served
+
+
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """The reward model (scalar head) a reward replica serves as the `reward_model` verifier (MindSpeed-RL's `reward_config`)."""
+
+    load: str = ""  # Hugging Face directory of a *ForSequenceClassification model with num_labels 1; empty: rules only
+    seq_length: int = 1024  # prompt + response tokens the model reads; a longer input keeps its last seq_length tokens
 
 
 @dataclass(frozen=True)
@@ -268,6 +276,7 @@ class Config:
     generate_config: GenerateConfig = field(default_factory=GenerateConfig)
     rollout: RolloutServiceConfig = field(default_factory=RolloutServiceConfig)
     reward: RewardServiceConfig = field(default_factory=RewardServiceConfig)
+    reward_config: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerServiceConfig = field(default_factory=TrainerServiceConfig)
     dock: DockConfig = field(default_factory=DockConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -441,6 +450,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("reward.max_response_chars", cfg.reward.max_response_chars),
         ("reward.max_request_mb", cfg.reward.max_request_mb),
         ("reward.server_threads", cfg.reward.server_threads),
+        ("reward_config.seq_length", cfg.reward_config.seq_length),
         ("trainer.bucket_mb", cfg.trainer.bucket_mb),
         ("trainer.push_stall_s", cfg.trainer.push_stall_s),
         ("dock.lease_seconds", cfg.dock.lease_seconds),
@@ -508,6 +518,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.verifier_weight: {len(rl.verifier_weight)} weights for "
             f"{len(rl.verifier_function)} verifier_function entries; give one weight per verifier"
         )
+    if "reward_model" in rl.verifier_function and not cfg.reward_config.load:
+        errors.append("rl_config.verifier_function: reward_model is listed but reward_config.load is empty; "
+                      "give the reward model's directory (dockrl init-model --reward builds a tiny one)")
     if rl.overlong_buffer_enable and not 0 < rl.overlong_buffer < rl.rollout_max_tokens:
         errors.append(
             f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from services.common.config import InitModelConfig
+from services.common.config import ArithmeticConfig, InitModelConfig
 from services.common.templates import load_templates
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>"]
@@ -40,14 +40,16 @@ def build_tokenizer(out_dir: pathlib.Path, chat_template: str) -> int:
 
 
 def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitModelConfig(), prompt_type: str = "qwen",
-                     vocab_size: int = 0) -> pathlib.Path:
+                     vocab_size: int = 0, reward: bool = False) -> pathlib.Path:
     """Builds a randomly initialised Qwen2-layout model and its tokenizer under `out_dir`.
 
     `vocab_size` (0: the tokenizer's, padded to 64) gives the embedding a real model's size, e.g.
-    for benchmarks; ids past the tokenizer's are valid token ids without text.
+    for benchmarks; ids past the tokenizer's are valid token ids without text. `reward` builds a
+    reward model instead: Qwen2ForSequenceClassification with one label, a scalar head on the last
+    token (what vLLM's pooling runner and Hugging Face both read); `fit_reward_model` trains it.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
     head_dim, rem = divmod(cfg.hidden_size, cfg.num_attention_heads)
     if rem or head_dim not in SUPPORTED_CPU_HEAD_DIMS:
@@ -78,12 +80,62 @@ def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitMod
         tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=eos_id,
         eos_token_id=eos_id,
-        pad_token_id=eos_id + 3,
+        pad_token_id=eos_id + 3,  # also how Hugging Face's sequence classifier finds the last real token
         torch_dtype="float32",
+        **({"num_labels": 1} if reward else {}),
     )
     torch.manual_seed(cfg.seed)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForSequenceClassification(config) if reward else Qwen2ForCausalLM(config)
     model.save_pretrained(str(out), safe_serialization=True)
+    if reward:
+        return out
     # <|im_end|> ends a chat turn, so generation stops at either special token.
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos_id, eos_id + 2], "pad_token_id": eos_id + 3}))
     return out
+
+
+def reward_examples(spec: ArithmeticConfig = ArithmeticConfig()) -> list[tuple[str, float]]:
+    """(prompt + response text, target) pairs on the arithmetic demo: every problem with its right
+    answer and two wrong ones, each boxed and bare; target 1 for the right answer, else 0."""
+    from services.common.arithmetic_data import arithmetic_problems
+
+    examples = []
+    for p in arithmetic_problems(spec).all:
+        right = int(p["answer"])
+        for answer, target in ((right, 1.0), (right + 1, 0.0), (right - 2, 0.0)):
+            examples += [(f"{p['problem']}\\boxed{{{answer}}}", target), (f"{p['problem']}{answer}", target)]
+    return examples
+
+
+def fit_reward_model(model_dir: str | pathlib.Path, steps: int, spec: ArithmeticConfig = ArithmeticConfig(),
+                     seed: int = 0, batch_size: int = 64, lr: float = 1e-3) -> float:
+    """Trains the reward model in `model_dir` in place for `steps` AdamW steps (logistic loss on
+    `reward_examples`), so its score rises with correctness; returns the share of (right, wrong)
+    boxed answers to one problem that it ranks right (0.5: no better than chance)."""
+    import random
+
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=torch.float32)
+    examples = reward_examples(spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        texts, targets = zip(*rng.sample(examples, min(batch_size, len(examples))))
+        enc = tok(list(texts), return_tensors="pt", padding=True, add_special_tokens=False)
+        logits = model(**enc).logits[:, 0]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.tensor(targets))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    model.save_pretrained(str(model_dir), safe_serialization=True)
+    boxed = [text for text, _ in examples if "boxed" in text]  # per problem: right, right + 1, right - 2
+    with torch.no_grad():
+        enc = tok(boxed, return_tensors="pt", padding=True, add_special_tokens=False)
+        scores = model(**enc).logits[:, 0].view(-1, 3)
+    return float((scores[:, :1] > scores[:, 1:]).float().mean())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 
@@ -11,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve = sub.add_parser("serve", help="run the reward gRPC server (and, with --dock, the dock worker)",
                            description="Serve Reward.Score / ListVerifiers and grpc.health.v1; verifications run in a "
                                        "process pool of rl_config.verifier_parallel workers, each bounded by "
-                                       "rl_config.verifier_timeout.")
+                                       "rl_config.verifier_timeout. With reward_config.load set, the reward model "
+                                       "(vLLM pooling runner) serves the reward_model verifier.")
     serve.add_argument("--config", help="run config YAML (default: configs/tiny_cpu.yaml)")
     serve.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one config key, e.g. --set rl_config.verifier_timeout=5 (repeatable)")
@@ -28,9 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                        "timeout and overlong penalty as the config, or the ones given here.")
     score.add_argument("--label", required=True, help="the reference answer, e.g. 34 or '\\frac{1}{2}'")
     score.add_argument("--response", required=True, help="the response text; '-' reads it from stdin")
+    score.add_argument("--prompt", default="", help="the prompt text before the response (read by reward_model only)")
     score.add_argument("--verifier", action="append", default=[], metavar="NAME",
                        help="a verifier to apply (repeatable; default: rl_config.verifier_function); "
-                            "names: format, strict_format, base_acc, acc, math_17k_acc, math_verify, acc_for_dapo, step")
+                            "names: format, strict_format, base_acc, acc, math_17k_acc, math_verify, acc_for_dapo, step, "
+                            "and reward_model (the config's reward_config.load)")
     score.add_argument("--weight", action="append", type=float, default=[], metavar="W",
                        help="weight of the matching --verifier (repeatable; default 1.0 each)")
     score.add_argument("--response-length", type=int, default=0,
@@ -74,10 +78,10 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool:
-        worker = RewardWorker.from_config(cfg, pool) if args.dock else None  # a bad dock config fails before serving
+    with VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool, _reward_model(cfg) as model:
+        worker = RewardWorker.from_config(cfg, pool, model) if args.dock else None  # a bad dock config fails before serving
         host = args.host or cfg.reward.host
-        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port)
+        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port, model)
         if cfg.reward.metrics_port:
             import prometheus_client
 
@@ -111,6 +115,18 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     return 1 if worker_failed.is_set() else 0
 
 
+@contextlib.contextmanager
+def _reward_model(cfg, wanted: bool = True):
+    """The reward model's engine when `wanted` and reward_config.load is set (else None), stopped on exit."""
+    if not (wanted and cfg.reward_config.load):
+        yield None
+        return
+    from services.reward.model import RewardModelScorer
+
+    with RewardModelScorer.start(cfg) as model:
+        yield model
+
+
 def _score(cfg, args: argparse.Namespace) -> int:
     from services.reward.math_answer import extract_answer, minerva_answer
     from services.reward.pool import VerifierPool
@@ -119,7 +135,7 @@ def _score(cfg, args: argparse.Namespace) -> int:
     response = sys.stdin.read() if args.response == "-" else args.response
     verifiers = args.verifier or list(cfg.rl_config.verifier_function)
     weights = args.weight or ([1.0] * len(verifiers) if args.verifier else list(cfg.rl_config.verifier_weight))
-    sample = ScoreInput(response, args.label, args.response_length)
+    sample = ScoreInput(response, args.label, args.response_length, args.prompt)
     if args.server:
         import grpc
 
@@ -133,8 +149,8 @@ def _score(cfg, args: argparse.Namespace) -> int:
                 return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
     else:
         plan = ScoringPlan.create(verifiers, weights, ScoringPlan.from_rl_config(cfg.rl_config).overlong)
-        with VerifierPool(1, cfg.rl_config.verifier_timeout) as pool:
-            (result,) = score_samples([sample], plan, pool)
+        with VerifierPool(1, cfg.rl_config.verifier_timeout) as pool, _reward_model(cfg, plan.uses_model) as model:
+            (result,) = score_samples([sample], plan, pool, model)
     print(f"extracted answer: {extract_answer(response)!r}   Minerva 'Answer:' line: {minerva_answer(response)!r}")
     for weight, part in zip(weights, result.parts):
         flag = "   (timed out: the verifier's timeout score)" if part.timed_out else ""

@@ -20,7 +20,8 @@ class RewardClient:
     def score(self, samples: Sequence[ScoreInput], verifiers: Sequence[str] = (), weights: Sequence[float] = ()) -> list[SampleScore]:
         """Per-sample scores; empty `verifiers` uses the server's rl_config.verifier_function."""
         request = reward_pb2.ScoreRequest(
-            items=[reward_pb2.ScoreItem(response=s.response, label=s.label, response_length=s.response_length) for s in samples],
+            items=[reward_pb2.ScoreItem(response=s.response, label=s.label, response_length=s.response_length, prompt=s.prompt)
+                   for s in samples],
             verifier_function=list(verifiers),
             verifier_weight=list(weights),
         )

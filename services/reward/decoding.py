@@ -39,9 +39,9 @@ class ResponseDecoder:
         """Token ids the tokenizer knows (specials included)."""
         return len(self._load())
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of `token_ids`, special tokens dropped."""
-        return self._load().decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """The text of `token_ids`, special tokens dropped unless `skip_special_tokens` is False."""
+        return self._load().decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def count_tokens(self, text: str) -> int:
         """How many tokens `text` encodes to (no special tokens added)."""

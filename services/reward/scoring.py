@@ -1,4 +1,8 @@
-"""A sample's reward: the weighted sum of its verifier scores plus the overlong penalty."""
+"""A sample's reward: the weighted sum of its verifier scores plus the overlong penalty.
+
+The parts are the rule verifiers (run by the process pool) and, when `reward_model` is listed,
+the reward model's score (run by its vLLM engine at the same time as the rules).
+"""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -6,8 +10,9 @@ from dataclasses import dataclass
 
 from services.common.config import RLConfig
 from services.common.errors import InvalidArgument
+from services.reward.model import MODEL_VERIFIER, RewardModelScorer
 from services.reward.overlong import OverlongPenalty
-from services.reward.pool import VerifierRunner, VerifyTask
+from services.reward.pool import VerifierOutcome, VerifierRunner, VerifyTask
 from services.reward.verifiers import get_verifier
 
 
@@ -25,12 +30,23 @@ class ScoringPlan:
         if not verifiers:
             raise InvalidArgument("verifier_function", "give at least one verifier")
         for name in verifiers:
-            get_verifier(name)
+            if name != MODEL_VERIFIER:
+                get_verifier(name)
         if len(weights) != len(verifiers):
             raise InvalidArgument(
                 "verifier_weight", f"{len(weights)} weights for {len(verifiers)} verifier_function entries; give one per verifier"
             )
         return cls(tuple(verifiers), tuple(float(w) for w in weights), overlong)
+
+    @property
+    def uses_model(self) -> bool:
+        """Whether the reward model is one of the parts."""
+        return MODEL_VERIFIER in self.verifiers
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The rule verifiers among the parts, in order."""
+        return tuple(name for name in self.verifiers if name != MODEL_VERIFIER)
 
     @classmethod
     def from_rl_config(cls, rl: RLConfig) -> "ScoringPlan":
@@ -40,11 +56,13 @@ class ScoringPlan:
 
 @dataclass(frozen=True)
 class ScoreInput:
-    """One decoded response to score; `response_length` in tokens (for the overlong penalty)."""
+    """One decoded response to score; `response_length` in tokens (for the overlong penalty);
+    `prompt` (text, chat template included) is read by the reward model only."""
 
     response: str
     label: str
     response_length: int = 0
+    prompt: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,14 +83,33 @@ class SampleScore:
     overlong_penalty: float
 
 
-def score_samples(samples: Sequence[ScoreInput], plan: ScoringPlan, runner: VerifierRunner) -> list[SampleScore]:
-    """Scores every sample with the plan's verifiers through `runner` (the pool or in-process)."""
-    tasks = [VerifyTask(s.response, s.label, plan.verifiers) for s in samples]
-    outcomes = runner.run(tasks)
+def score_samples(samples: Sequence[ScoreInput], plan: ScoringPlan, runner: VerifierRunner,
+                  model: RewardModelScorer | None = None) -> list[SampleScore]:
+    """Scores every sample with the plan's parts: rules through `runner` (the pool or in-process),
+    `reward_model` through `model`, both at once. InvalidArgument when the plan needs a model this
+    process has none of, or a sample gives the model no token (field `items[i].response`)."""
+    model_scores = None
+    if plan.uses_model:
+        if model is None:
+            raise InvalidArgument(
+                "verifier_function", f"{MODEL_VERIFIER} is not served here (reward_config.load is empty on this replica)"
+            )
+        ids = [model.encode(s.prompt, s.response, f"items[{i}].response") for i, s in enumerate(samples)]
+        model_scores = model.submit(ids)
+    rule_outcomes = runner.run([VerifyTask(s.response, s.label, plan.rules) for s in samples]) if plan.rules else [[] for _ in samples]
+    model_values = model_scores.result() if model_scores is not None else []
     scored = []
-    for sample, sample_outcomes in zip(samples, outcomes):
-        parts = tuple(PartScore(name, o.score, o.timed_out) for name, o in zip(plan.verifiers, sample_outcomes))
+    for i, (sample, outcomes) in enumerate(zip(samples, rule_outcomes)):
+        rule_parts = iter(outcomes)
+        parts = tuple(
+            PartScore(name, model_values[i]) if name == MODEL_VERIFIER else _rule_part(name, next(rule_parts))
+            for name in plan.verifiers
+        )
         penalty = plan.overlong(sample.response_length)
         total = sum(w * p.score for w, p in zip(plan.weights, parts)) + penalty
         scored.append(SampleScore(total, parts, penalty))
     return scored
+
+
+def _rule_part(name: str, outcome: VerifierOutcome) -> PartScore:
+    return PartScore(name, outcome.score, outcome.timed_out)

@@ -1,4 +1,5 @@
-"""gRPC `Reward` (Score, ListVerifiers) and grpc.health.v1 over the shared verifier pool."""
+"""gRPC `Reward` (Score, ListVerifiers) and grpc.health.v1 over the shared verifier pool and, when
+reward_config.load is set, the reward model."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,7 @@ from services.common.log import log_event
 from services.common.metrics import counter, histogram
 from services.common.pb import reward_pb2, reward_pb2_grpc
 from services.reward.decoding import ResponseDecoder
+from services.reward.model import MODEL_VERIFIER, RewardModelScorer
 from services.reward.pool import VerifierRunner
 from services.reward.scoring import SampleScore, ScoreInput, ScoringPlan, score_samples
 from services.reward.verifiers import REGISTRY
@@ -38,20 +40,23 @@ class RequestLimits:
 
 
 class RewardServicer(reward_pb2_grpc.RewardServicer):
-    """Validates a request, scores it through the runner, answers per-sample totals and parts."""
+    """Validates a request, scores it through the runner (and the reward model when asked for),
+    answers per-sample totals and parts."""
 
-    def __init__(self, default_plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder, limits: RequestLimits):
+    def __init__(self, default_plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder, limits: RequestLimits,
+                 model: RewardModelScorer | None = None):
         self._default_plan = default_plan
         self._runner = runner
         self._decoder = decoder
         self._limits = limits
+        self._model = model
 
     def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext) -> reward_pb2.ScoreResponse:
         started = time.perf_counter()
         try:
             plan = self._plan(request)
             inputs = [self._input(i, item, plan) for i, item in enumerate(self._items(request))]
-            scored = score_samples(inputs, plan, self._runner)
+            scored = score_samples(inputs, plan, self._runner, self._model)
         except DockrlError as exc:
             log_event(logger, "score refused", logging.INFO, reason=str(exc))
             grpc_abort(context, exc)
@@ -60,10 +65,12 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         return reward_pb2.ScoreResponse(results=[_result_pb(s) for s in scored])
 
     def ListVerifiers(self, request, context) -> reward_pb2.ListVerifiersResponse:
-        return reward_pb2.ListVerifiersResponse(verifiers=[
-            reward_pb2.VerifierInfo(name=v.name, description=v.description, timeout_score=v.timeout_score)
-            for v in REGISTRY.values()
-        ])
+        verifiers = [reward_pb2.VerifierInfo(name=v.name, description=v.description, timeout_score=v.timeout_score)
+                     for v in REGISTRY.values()]
+        if self._model is not None:
+            verifiers.append(reward_pb2.VerifierInfo(
+                name=MODEL_VERIFIER, description="the reward model's score of prompt + response (reward_config.load)"))
+        return reward_pb2.ListVerifiersResponse(verifiers=verifiers)
 
     def _plan(self, request: reward_pb2.ScoreRequest) -> ScoringPlan:
         """The request's verifiers and weights (1.0 each when only names are given), else the config's."""
@@ -110,7 +117,12 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
                 f"{field}.response",
                 f"{len(text)} characters; at most {self._limits.max_response_chars} (reward.max_response_chars)",
             )
-        return ScoreInput(text, item.label, length)
+        if len(item.prompt) > self._limits.max_response_chars:
+            raise InvalidArgument(
+                f"{field}.prompt",
+                f"{len(item.prompt)} characters; at most {self._limits.max_response_chars} (reward.max_response_chars)",
+            )
+        return ScoreInput(text, item.label, length, item.prompt)
 
     def _decode(self, field: str, ids) -> str:
         if not self._decoder.available:
@@ -144,8 +156,8 @@ class RewardServer:
         self.server.stop(grace_s).wait()
 
 
-def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int) -> RewardServer:
-    """Starts Reward and health on host:port (0 asks the OS for a free port)."""
+def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int, model: RewardModelScorer | None = None) -> RewardServer:
+    """Starts Reward and health on host:port (0 asks the OS for a free port); `model` serves `reward_model`."""
     rc = cfg.reward
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=rc.server_threads, thread_name_prefix="reward-grpc"),
@@ -157,6 +169,7 @@ def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int) -> R
         runner,
         ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path),
         RequestLimits(rc.max_items, rc.max_response_chars),
+        model,
     )
     reward_pb2_grpc.add_RewardServicer_to_server(servicer, server)
     bound, health_servicer = start_with_health(server, host, port, SERVICE_NAME, "reward.grpc_port")

@@ -143,7 +143,8 @@ def get_verifier(name: str, field: str = "verifier_function") -> Verifier:
     try:
         return REGISTRY[name]
     except KeyError:
-        raise InvalidArgument(field, f"unknown verifier {name!r}; known: {', '.join(REGISTRY)}") from None
+        known = ", ".join(REGISTRY)
+        raise InvalidArgument(field, f"unknown verifier {name!r}; known: {known}, and reward_model where reward_config.load is set") from None
 
 
 def run_verifier(name: str, response: str, label: str) -> float:

@@ -6,7 +6,8 @@ replicas share the work through the dock's atomic claims and none scores a row t
 carries the claim's lease: a worker that stalled past it and lost its rows to another replica
 has its put refused and drops the batch. When the run's layout has an `rm_parts` column
 (float32, one entry per verifier in rl_config.verifier_function order) the unweighted
-per-verifier scores go there too.
+per-verifier scores go there too. With `reward_model` among the verifiers the claim also takes
+`prompts`, and the reward model scores prompt + response beside the rules.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from services.dock.client import Claim, Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.scripts import StaleLease
 from services.reward.decoding import ResponseDecoder
+from services.reward.model import RewardModelScorer
 from services.reward.pool import VerifierRunner
 from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
 
@@ -52,34 +54,37 @@ class BatchReport:
 
 
 class RewardWorker:
-    """Scores the dock's `rule_reward` work with `plan` through `runner` (the process pool)."""
+    """Scores the dock's `rule_reward` work with `plan` through `runner` (the process pool) and,
+    when the plan lists `reward_model`, `model`."""
 
     def __init__(self, dock: Dock, plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder,
-                 count: int | None = None):
+                 count: int | None = None, model: RewardModelScorer | None = None):
         self.dock = dock
         self.plan = plan
         self.runner = runner
         self.decoder = decoder
+        self.model = model
         self.count = count  # rows per claim; None: rl_config.reward_dispatch_size (the layout's)
         self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
 
     @classmethod
-    def from_config(cls, cfg: Config, runner: VerifierRunner) -> "RewardWorker":
-        """A worker on the run's dock, with the run's verifiers and tokenizer."""
+    def from_config(cls, cfg: Config, runner: VerifierRunner, model: RewardModelScorer | None = None) -> "RewardWorker":
+        """A worker on the run's dock, with the run's verifiers, tokenizer and reward model."""
         decoder = ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path)
         if not decoder.available:
             raise FailedPrecondition("megatron_training.tokenizer_name_or_path is empty: the dock worker decodes responses with it")
         dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=f"reward-{uuid.uuid4().hex[:8]}")
-        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder)
+        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model)
 
     def step(self, wait_s: float = 0.0) -> BatchReport | None:
         """One claim (waiting up to `wait_s` for work), scored and put back; None when there was no work."""
-        claim = self.dock.claim(CONSUMER, ["responses", "labels"], self.count, group=True,
+        columns = ["responses", "labels", "prompts"] if self.plan.uses_model else ["responses", "labels"]
+        claim = self.dock.claim(CONSUMER, columns, self.count, group=True,
                                 partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
             return None
         try:
-            scored = score_samples(self._inputs(claim), self.plan, self.runner)
+            scored = score_samples(self._inputs(claim), self.plan, self.runner, self.model)
         except Exception:  # e.g. the tokenizer cannot load: give the rows back at once
             self.dock.release(claim.lease, claim.indexes)
             raise
@@ -102,15 +107,18 @@ class RewardWorker:
 
     def _inputs(self, claim: Claim) -> list[ScoreInput]:
         lengths = claim.columns["response_length"]
+        # The reward model reads the prompt as the policy saw it, chat template and its special tokens included.
+        prompts = ([self.decoder.decode([int(t) for t in ids], skip_special_tokens=False) for ids in claim.columns["prompts"]]
+                   if self.plan.uses_model else [""] * len(claim))
         inputs = []
-        for ids, label, length in zip(claim.columns["responses"], claim.columns["labels"], lengths):
+        for ids, label, length, prompt in zip(claim.columns["responses"], claim.columns["labels"], lengths, prompts):
             tokens = [int(t) for t in ids]
-            inputs.append(ScoreInput(self.decoder.decode(tokens), label, len(tokens) if length is None else int(length)))
+            inputs.append(ScoreInput(self.decoder.decode(tokens), label, len(tokens) if length is None else int(length), prompt))
         return inputs
 
     def run_until(self, stop: threading.Event, address: str = "", heartbeat_ttl_s: float = 10.0) -> None:
-        """Steps until `stop` is set, logging rows/s and per-verifier means every 10 s; registered as a
-        `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
+        """Steps until `stop` is set, logging rows/s and each part's mean (`{name}_rewards/mean`) every
+        10 s; registered as a `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
         registry = ReplicaRegistry(self.dock.client, self.dock.keys, heartbeat_ttl_s)
         replica_id = self.replica_id
         last_beat = -float("inf")  # register on the first pass
@@ -140,7 +148,7 @@ class RewardWorker:
                 if now - last_log >= _PROGRESS_EVERY_S:
                     log_event(logger, "scoring", rows=rows, rows_per_s=round(rows / (now - last_log), 1),
                               mean_score=round(report.mean_score, 4), timed_out=report.timed_out,
-                              **{f"{k}_mean": round(v, 4) for k, v in report.part_means.items()})
+                              **{f"{k}_rewards/mean": round(v, 4) for k, v in report.part_means.items()})
                     rows, last_log = 0, now
         finally:
             try:
