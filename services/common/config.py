@@ -222,6 +222,7 @@ class DockConfig:
     redis_tls: bool = False  # connect to Redis over TLS
     redis_username: str = ""  # Redis ACL user; empty: the default user
     redis_tls_ca_file: str = ""  # CA bundle that signs the server's certificate (with redis_tls)
+    redis_cluster: bool = False  # redis_url names one node of a Redis Cluster; a run's keys share one hash slot
     socket_timeout_s: float = 30.0  # a Redis call that takes longer fails as Unavailable
     reconnect_timeout_s: float = 60.0  # Redis unreachable: calls retry with backoff this long, then fail as Unavailable
     capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout

@@ -108,8 +108,12 @@ class ReconnectPolicy(Retry):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
-def redis_client(cfg: DockConfig, redis_url: str | None = None) -> redis.Redis:
-    """A redis-py client for `cfg`: URL, ACL user and password, TLS (and its CA), socket timeout, reconnect policy."""
+def redis_client(cfg: DockConfig, redis_url: str | None = None) -> redis.Redis | redis.RedisCluster:
+    """A redis-py client for `cfg`: URL, ACL user and password, TLS (and its CA), socket timeout, reconnect policy.
+
+    With `dock.redis_cluster` it is a RedisCluster that learns the nodes from the URL's one; a
+    run's keys share a hash tag (schema.Keys), so its scripts and pipelines stay on one node.
+    """
     url = redis_url or cfg.redis_url
     if not url:
         raise FailedPrecondition("dock.redis_url is empty: give a redis:// URL (or let `dockrl up` start Redis)")
@@ -123,6 +127,8 @@ def redis_client(cfg: DockConfig, redis_url: str | None = None) -> redis.Redis:
         options["username"] = cfg.redis_username
     if url.startswith("rediss://") and cfg.redis_tls_ca_file:
         options["ssl_ca_certs"] = cfg.redis_tls_ca_file
+    if cfg.redis_cluster:
+        return redis.RedisCluster.from_url(url, **options)
     return redis.Redis.from_url(url, **options)
 
 

@@ -1,6 +1,8 @@
 """What the dock stores and where: column specs, the run's layout, and the Redis key names.
 
-Every key of a run lives under `{prefix}:{run_id}:` so several runs share one Redis:
+Every key of a run lives under `prefix:{run_id}:` so several runs share one Redis. The braces
+are literal: a Redis Cluster hash tag, so every key of a run maps to one slot (each script stays
+single-slot and atomic) and different runs spread over the cluster's nodes:
 
     meta              hash   layout (JSON), token digest, target, complete, requeued, retired
     val:{column}:{row} string encoded value (codec.py), written by the put script from its arguments
@@ -151,9 +153,10 @@ class Keys:
 
     def __post_init__(self):
         for name, value in (("prefix", self.prefix), ("run_id", self.run_id)):
-            if not value or ":" in value or "*" in value:
-                raise InvalidArgument(name, f"{value!r} must be non-empty without ':' or '*'")
-        object.__setattr__(self, "base", f"{self.prefix}:{self.run_id}:")
+            if not value or any(c in value for c in ":*{}"):
+                raise InvalidArgument(name, f"{value!r} must be non-empty without ':', '*', '{{' or '}}'")
+        # {run_id} is the Redis Cluster hash tag: all of a run's keys share its slot.
+        object.__setattr__(self, "base", f"{self.prefix}:{{{self.run_id}}}:")
 
     @property
     def meta(self) -> str:

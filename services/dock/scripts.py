@@ -31,6 +31,7 @@ _ERROR_TAGS = {
     # Redis's own replies for states that pass (a long script running, a replica failing over):
     # callers wait and ask again, as for a lost connection, instead of dying on a raw error.
     "BUSY": Unavailable, "MASTERDOWN": Unavailable, "READONLY": Unavailable, "TRYAGAIN": Unavailable,
+    "CLUSTERDOWN": Unavailable,
 }
 
 

@@ -129,7 +129,7 @@ def test_the_client_waits_for_a_restarting_redis_and_a_lost_dock_is_never_half_m
     # Back without its AOF: the run's keys are gone, and recording a policy version must not make a half dock.
     proc, url = start_redis_server(tmp_path, "--appendonly", "no", port=port)
     try:
-        with pytest.raises(DockMissing, match="no dock under dur:r1:"):
+        with pytest.raises(DockMissing, match=r"no dock under dur:\{r1\}:"):
             dock.set_policy_version(3)
         assert not dock.client.exists(dock.keys.meta)
     finally:

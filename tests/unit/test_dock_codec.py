@@ -96,9 +96,12 @@ def test_config_rejects_bad_dock_keys():
 
 def test_keys_live_under_prefix_and_run_id():
     keys = Keys("dockrl", "exp1")
-    assert keys.meta == "dockrl:exp1:meta" and keys.value("responses", 7) == "dockrl:exp1:val:responses:7"
+    # {exp1}: the run's Redis Cluster hash tag, so all its keys share one slot
+    assert keys.meta == "dockrl:{exp1}:meta" and keys.value("responses", 7) == "dockrl:{exp1}:val:responses:7"
     with pytest.raises(InvalidArgument, match="run_id"):
         Keys("dockrl", "a:b")
+    with pytest.raises(InvalidArgument, match="prefix"):
+        Keys("dock{rl}", "exp1")  # a brace would move the hash tag
 
 
 def test_client_honours_password_user_tls_and_ca():
