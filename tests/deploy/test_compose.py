@@ -2,6 +2,7 @@
 returns with the trainer's exit code, `--scale rollout=2` spreads the work over both replicas, and
 the host reaches every replica through one HTTP and one gRPC address."""
 import json
+import re
 import time
 
 import grpc
@@ -57,15 +58,18 @@ def test_two_rollout_replicas_share_the_work_and_the_proxy(built_image, tmp_path
             for _ in range(4):
                 reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        served_by = {m.group(1) for ms in per_replica(stack.logs("proxy"), r"upstream=(\S+)").values() for m in ms}
-        assert len(served_by) == 2, f"the proxy sent requests to {served_by}, not to both replicas"
+        upstreams = [m.group(1) for ms in per_replica(stack.logs("proxy"), r"upstream=(\S+)").values() for m in ms]
+        for port in (8000, 50051):
+            served_by = {u.rpartition(":")[0] for u in upstreams if u.endswith(f":{port}")}
+            assert len(served_by) == 2, f"the proxy sent port {port}'s requests to {served_by}, not to both replicas"
 
         noauth = stack.compose("exec", "-T", "redis", "sh", "-c", "REDISCLI_AUTH= redis-cli ping", check=False)
         assert "NOAUTH" in noauth.stdout + noauth.stderr, "Redis answered without its password"
 
-        waited = stack.compose("wait", "trainer", timeout=1500, check=False)
+        waited = stack.compose("wait", "trainer", timeout=1500, check=False)  # "container ... exited with status code N"
         built_image.timings["scaled_up_s"] = time.monotonic() - t0
-        assert waited.stdout.strip() == "0", f"trainer exit {waited.stdout!r}:\n{stack.logs('trainer')[-4000:]}"
+        status = re.search(r"exited with status code (\d+)", waited.stdout + waited.stderr)
+        assert status and status.group(1) == "0", f"trainer: {waited.stdout!r}:\n{stack.logs('trainer')[-4000:]}"
         rows = {name: sum(int(m.group(1)) for m in ms)
                 for name, ms in per_replica(stack.logs("rollout"), r"claim done rows=(\d+)").items()}
         built_image.timings["scaled_rows_per_replica"] = rows
