@@ -134,6 +134,7 @@ class RewardModelScorer:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+        self._llm = None  # collected now: AsyncLLM's __del__ shuts down again, and fails at interpreter exit
 
     async def _shutdown(self) -> None:
         self._llm.shutdown()
