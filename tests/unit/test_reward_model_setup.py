@@ -73,3 +73,20 @@ def test_init_model_reward_flag(tmp_path, capsys):
     assert json.loads((tmp_path / "rm" / "config.json").read_text())["architectures"] == ["Qwen2ForSequenceClassification"]
     assert main(["init-model", "--out", str(tmp_path / "m"), "--fit-steps", "3"]) == 2
     assert "--fit-steps trains a reward model; give --reward too" in capsys.readouterr().err
+
+
+def test_a_replica_refuses_a_model_it_cannot_serve_before_starting_an_engine(tmp_path):
+    from services.common.errors import FailedPrecondition
+    from services.reward.model import RewardModelScorer
+
+    rm = build_tiny_model(tmp_path / "rm", prompt_type="empty", reward=True)
+    policy = build_tiny_model(tmp_path / "policy", prompt_type="empty")
+    cases = [
+        ([f"reward_config.load={tmp_path / 'missing'}"], r"reward_config.load: cannot load '.*missing'"),
+        ([f"reward_config.load={policy}"], r"reward_config.load: '.*policy' has 2 labels; a reward model has 1"),
+        ([f"reward_config.load={rm}", "reward_config.seq_length=1024"],
+         r"reward_config.seq_length: 1024 exceeds the model's max_position_embeddings 512"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(FailedPrecondition, match=message):
+            RewardModelScorer.start(load_config(None, overrides))
