@@ -14,7 +14,7 @@ import sys
 # subcommand -> (module with add_arguments/run, one-line help)
 SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("services.rollout.cli", "the vLLM rollout server: gRPC, OpenAI-compatible HTTP, dock worker"),
-    "reward": ("services.reward.cli", "the rule-reward server: verifiers over gRPC, dock worker"),
+    "reward": ("services.reward.cli", "the reward server: rule verifiers and a reward model over gRPC, dock worker"),
     "trainer": ("services.trainer.cli", "the Megatron trainer: run the RL loop, convert checkpoints"),
     "dock": ("services.dock.cli", "look at or empty a run's data dock"),
 }

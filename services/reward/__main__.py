@@ -5,6 +5,6 @@ import sys
 from services.reward.cli import add_arguments, run
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="dockrl reward", description="The rule-reward service.")
+    parser = argparse.ArgumentParser(prog="dockrl reward", description="The reward service: rule verifiers and, with reward_config.load, a reward model.")
     add_arguments(parser)
     sys.exit(run(parser.parse_args()))
