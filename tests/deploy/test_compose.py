@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.deploy.stack import Stack, per_replica
 
-pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.deploy, pytest.mark.slow, pytest.mark.timeout(3000)]
 
 LOGS = "/app/runs/tiny/logs"
 
@@ -47,7 +47,7 @@ def test_two_rollout_replicas_share_the_work_and_the_proxy(built_image, tmp_path
                                                  "DOCKRL__TRAINER__EVAL_INTERVAL": "0"})
     try:
         t0 = time.monotonic()
-        stack.compose("up", "-d", "--build", "--scale", "rollout=2", timeout=900)
+        stack.compose("up", "-d", "--build", "--scale", "rollout=2", timeout=1800)  # waits for prepare and healthy replicas
         stack.wait_http("/health", timeout_s=600)
         client = OpenAI(base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key=stack.token, max_retries=5)
         model = client.models.list().data[0].id
