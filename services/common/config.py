@@ -168,6 +168,7 @@ class RolloutServiceConfig:
     served_model_name: str = ""  # default: the model directory's name
     heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
     omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU
+    drain_s: float = 30.0  # on SIGTERM: seconds to finish or return held work and stop the engine, in all
 
 
 @dataclass(frozen=True)
@@ -446,6 +447,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("generate_config.sampling_config.n", smp.n),
         ("rollout.replicas", cfg.rollout.replicas),
         ("rollout.max_queue", cfg.rollout.max_queue),
+        ("rollout.drain_s", cfg.rollout.drain_s),
         ("reward.replicas", cfg.reward.replicas),
         ("reward.max_items", cfg.reward.max_items),
         ("reward.max_response_chars", cfg.reward.max_response_chars),

@@ -7,6 +7,8 @@ INVALID_ARGUMENT naming the method when the bytes are not a valid message.
 """
 from __future__ import annotations
 
+import inspect
+
 import grpc
 from google.protobuf.message import DecodeError
 
@@ -58,11 +60,14 @@ def _async_handler(handler, method: str):
             return (await decode(raw, context) async for raw in raw_or_iterator)
         return await decode(raw_or_iterator, context)
 
-    if handler.response_streaming:
+    if handler.response_streaming and inspect.isasyncgenfunction(behavior):
         async def parsed(raw_or_iterator, context):
             async for item in behavior(await request_of(raw_or_iterator, context), context):
                 yield item
     else:
+        # Unary responses, and streaming handlers that are coroutines writing through
+        # `context.write` (grpc.health.v1's Watch): awaited, not iterated. grpc.aio tells the two
+        # kinds apart by the handler's type, so the wrapper must be the same kind as `behavior`.
         async def parsed(raw_or_iterator, context):
             return await behavior(await request_of(raw_or_iterator, context), context)
     return _FACTORY[kind](parsed, request_deserializer=None, response_serializer=handler.response_serializer)

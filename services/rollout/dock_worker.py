@@ -5,8 +5,12 @@ partial rollout also rows put back unfinished, with their partial responses) -> 
 sample per row, continuing any partial response, for at most the partial-rollout token budget
 -> put the finished rows (responses, logprobs, per-token versions, length, finish reason) and
 put the unfinished ones back as partial (age + 1). The replica is registered in the dock's
-replica registry with a heartbeat, so the trainer's weight push finds it. On stop, the rows of
-an unfinished claim go back to the pool and the replica deregisters.
+replica registry with a heartbeat, so the trainer's weight push finds it.
+
+On stop (the replica drains) it claims nothing more; the claim it holds runs on until it ends or
+the server aborts the engine's requests at the drain's deadline. Then rows that finished are put,
+and the others go back to the dock: under partial rollout with the tokens, logprobs and versions
+generated so far (a partial put), otherwise released to start over. Then the replica deregisters.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.common.config import Config
-from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted
+from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.log import log_event
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.sampling import SamplingOverrides
@@ -36,7 +40,8 @@ class RowResult:
 
     index: int
     sample: Completion  # prior partial response + what this claim generated
-    finished: bool = False  # False: budget spent before max_tokens; goes back as partial
+    finished: bool = False  # False: budget spent before max_tokens (or aborted); goes back as partial
+    generated: int = 0  # tokens this claim added
 
 
 def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
@@ -71,7 +76,7 @@ class DockWorker:
         log_event(log, "registered", replica=self.engine.replica_id, address=self.address)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Serves the dock until `stop` is set; then returns unfinished rows and deregisters."""
+        """Serves the dock until `stop` is set; then ends the claim it holds (see the module's docstring) and deregisters."""
         heartbeat = asyncio.create_task(self._heartbeat(stop))
         refused = ""
         try:
@@ -94,24 +99,19 @@ class DockWorker:
             log_event(log, "deregistered", replica=self.engine.replica_id)
 
     async def _serve_claim(self, claim, stop: asyncio.Event) -> None:
-        """Generates and puts one claim; on `stop` first, aborts it and releases its rows."""
-        work = asyncio.create_task(self._process(claim))
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait([work, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
+        """Generates and puts one claim (to its end even when `stop` comes meanwhile: see `run`)."""
+        if stop.is_set():  # came in while the replica began to drain: nothing generated, back at once
             await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
             log_event(log, "returned claim on stop", rows=len(claim))
-        elif isinstance(work.exception(), DockrlError):  # a lease that expired, or an engine that died
-            log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(work.exception()))
+            return
+        try:
+            await self._process(claim)
+        except DockrlError as exc:  # a lease that expired, or an engine that died
+            log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(exc))
             try:  # back to the pool now rather than when the lease ends (refused when it already has)
                 await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
             except DockrlError:
                 pass
-        else:
-            work.result()
 
     def _claim(self):
         layout = self.dock.layout
@@ -149,10 +149,18 @@ class DockWorker:
             columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
                        "finish_reason": [r.sample.finish_reason for r in done]}
             await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=version)
-        if partial:
-            await asyncio.to_thread(self.dock.put, [r.index for r in partial], _token_columns(partial),
+        # Rows that got tokens go back with them under partial rollout (a later claim resumes them). The rest
+        # (aborted at the drain's deadline before a token, or without partial rollout, where a claim never
+        # resumes a response) are released: back to the pool with what was stored before this claim.
+        resumable = [r for r in partial if r.generated and self.dock.layout.partial_rollout]
+        unchanged = [r.index for r in partial if not (r.generated and self.dock.layout.partial_rollout)]
+        if resumable:
+            await asyncio.to_thread(self.dock.put, [r.index for r in resumable], _token_columns(resumable),
                                     lease=claim.lease, version=version, partial=True)
-        log_event(log, "claim done", rows=len(results), finished=len(done), partial=len(partial), version=version)
+        if unchanged:
+            await asyncio.to_thread(self.dock.release, claim.lease, unchanged)
+        log_event(log, "claim done", rows=len(results), finished=len(done), partial=len(resumable), released=len(unchanged),
+                  version=version)
 
     async def _generate(self, index: int, prompt: list[int], response, logprobs, versions) -> RowResult:
         sample = Completion(
@@ -168,10 +176,14 @@ class DockWorker:
                 break
             except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
                 await asyncio.sleep(QUEUE_RETRY_S)
+            except Unavailable:  # the drain's deadline stopped the engine before this row began: back as it was
+                return RowResult(index, sample, finished=False)
             except InvalidArgument as exc:  # this row cannot be generated; it goes back as failed
                 log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
                 sample.finish_reason = "failed"
                 return RowResult(index, sample, finished=True)
+        prior = len(sample.token_ids)
         async for delta in stream.deltas():
             sample.add(delta)
-        return RowResult(index, sample, sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens)
+        finished = sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens
+        return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior)

@@ -1,11 +1,13 @@
 """The rollout engine: one vLLM AsyncLLM, a bounded request queue, and the serving policy version.
 
-Every API of the server goes through `RolloutEngine.open(...)`: it admits the request (or raises
+gRPC and the dock worker go through `RolloutEngine.open(...)`: it admits the request (or raises
 ResourceExhausted past `rollout.max_queue`) and returns a `GenerationStream` whose deltas carry
-new token ids, text, logprobs and the policy version that produced them.
+new token ids, text, logprobs and the policy version that produced them. The HTTP API is vLLM's
+own app on the same AsyncLLM; its requests take their queue slots with `admit` / `release`.
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import contextlib
@@ -17,8 +19,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from services.common import metrics
-from services.common.config import Config, GenerateConfig
-from services.common.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Unavailable
+from services.common.config import Config
+from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.rollout.sampling import ResolvedSampling, SamplingOverrides, resolve
 
 WORKER_EXTENSION = "services.rollout.worker_extension.WeightStagingExtension"
@@ -100,25 +102,38 @@ class _Throughput:
         return sum(recent) / span
 
 
-def engine_args(model_path: str, gen: GenerateConfig):
-    """vLLM AsyncEngineArgs from generate_config, with the weight-staging worker extension."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
+def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse.Namespace:
+    """The `vllm serve` arguments of this replica, parsed by vLLM's own parser.
 
-    return AsyncEngineArgs(
-        model=model_path,
-        dtype=gen.dtype,
-        tensor_parallel_size=gen.infer_tensor_parallel_size,
-        pipeline_parallel_size=gen.infer_pipeline_parallel_size,
-        max_num_seqs=gen.max_num_seqs,
-        max_model_len=gen.max_model_len,
-        max_num_batched_tokens=max(gen.max_num_batched_tokens, gen.max_model_len),
-        gpu_memory_utilization=gen.gpu_memory_utilization,
-        enforce_eager=gen.enforce_eager,
-        enable_prefix_caching=gen.enable_prefix_caching,
-        trust_remote_code=gen.trust_remote_code,
-        seed=gen.seed,
-        worker_extension_cls=WORKER_EXTENSION,
-    )
+    One namespace configures both the engine (`AsyncEngineArgs.from_cli_args`) and vLLM's OpenAI
+    app (`build_app` / `init_app_state`), so the HTTP layer sees the engine exactly as `vllm serve`
+    would. The engine flags come from generate_config; everything else keeps vLLM's defaults.
+    """
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    gen = cfg.generate_config
+    argv = [
+        "--model", model_path,
+        "--served-model-name", served_model_name,
+        "--dtype", gen.dtype,
+        "--tensor-parallel-size", str(gen.infer_tensor_parallel_size),
+        "--pipeline-parallel-size", str(gen.infer_pipeline_parallel_size),
+        "--max-num-seqs", str(gen.max_num_seqs),
+        "--max-model-len", str(gen.max_model_len),
+        "--max-num-batched-tokens", str(max(gen.max_num_batched_tokens, gen.max_model_len)),
+        "--gpu-memory-utilization", str(gen.gpu_memory_utilization),
+        "--seed", str(gen.seed),
+        "--worker-extension-cls", WORKER_EXTENSION,
+        "--enable-prefix-caching" if gen.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if gen.enforce_eager:
+        argv.append("--enforce-eager")
+    if gen.trust_remote_code:
+        argv.append("--trust-remote-code")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    validate_parsed_serve_args(args)
+    return args
 
 
 class GenerationStream:
@@ -155,7 +170,7 @@ class GenerationStream:
         finally:
             if len(finished) < self.sampling.n and not self.engine.llm.errored:
                 await self.engine.llm.abort(self.request_id)
-            self.engine._release(self.request_id)
+            self.engine.release(self.request_id)
 
     async def collect(self) -> dict[int, Completion]:
         """Runs the request to its end; its completions by index."""
@@ -166,22 +181,25 @@ class GenerationStream:
 
     def close(self) -> None:
         """Releases the queue slot of a stream that will never be iterated."""
-        self.engine._release(self.request_id)
+        self.engine.release(self.request_id)
 
 
 class RolloutEngine:
     """The vLLM engine of this replica, its tokenizer, queue bound and policy version."""
 
-    def __init__(self, llm, tokenizer, cfg: Config, model_name: str, model_path: str):
+    def __init__(self, llm, tokenizer, cfg: Config, args: argparse.Namespace):
         self.llm = llm
         self.tokenizer = tokenizer
         self.cfg = cfg
-        self.model_name = model_name
-        self.model_path = model_path
+        self.args = args  # vLLM's serve arguments the engine was built from; the HTTP app reads them too
+        self.model_name = args.served_model_name[0]
+        self.model_path = args.model
         self.max_model_len = cfg.generate_config.max_model_len
         self.max_queue = cfg.rollout.max_queue
         self.version = 0
         self.replica_id = f"rollout-{uuid.uuid4().hex[:8]}"
+        self.draining = False  # set on SIGTERM: the APIs refuse new requests, running ones go on
+        self.stopped = False  # set by abort_all at the drain's deadline: the engine takes nothing more
         self._running: set[str] = set()
         self._throughput = _Throughput()
         POLICY_VERSION.set(0)
@@ -190,20 +208,28 @@ class RolloutEngine:
     def start(cls, model_path: str | pathlib.Path, cfg: Config, served_model_name: str = "") -> RolloutEngine:
         """Starts vLLM's async engine on `model_path` (call from the main process, under __main__)."""
         from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         model_path = str(pathlib.Path(model_path).resolve())
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.generate_config.cpu_kvcache_space_gb))
         if cfg.rollout.omp_threads_bind != "auto":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.rollout.omp_threads_bind)
-        llm = AsyncLLM.from_engine_args(engine_args(model_path, cfg.generate_config))
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
         name = served_model_name or cfg.rollout.served_model_name or pathlib.Path(model_path).name
-        return cls(llm, tokenizer, cfg, name, model_path)
+        args = serve_args(model_path, cfg, name)
+        engine = AsyncEngineArgs.from_cli_args(args)
+        # Engine statistics on (vLLM's default): they feed the vllm:* Prometheus series on /metrics.
+        llm = AsyncLLM.from_vllm_config(engine.create_engine_config(), disable_log_stats=engine.disable_log_stats)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        return cls(llm, tokenizer, cfg, args)
 
-    def shutdown(self) -> None:
-        """Stops the engine and its worker processes."""
-        self.llm.shutdown()
+    def shutdown(self, timeout_s: float) -> None:
+        """Stops the engine and its worker processes, waiting up to `timeout_s` for them to exit.
+
+        vLLM's own default wait is 5 s, after which it kills its EngineCore process; on CPU the
+        engine core takes about that long to see its worker exit, so the caller gives it more.
+        """
+        self.llm.shutdown(timeout=timeout_s)
 
     # ------------------------------------------------------------ requests
 
@@ -215,13 +241,6 @@ class RolloutEngine:
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a plain-text prompt."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def encode_chat(self, messages: Sequence[dict]) -> list[int]:
-        """Token ids of a chat, rendered with the model's chat template and a generation prompt."""
-        if not messages:
-            raise InvalidArgument("messages", "is empty; give at least one message")
-        text = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-        return self.encode_text(text)
 
     def open(
         self,
@@ -248,17 +267,37 @@ class RolloutEngine:
             params = sampling.to_vllm()
         except ValueError as exc:  # vLLM's own checks, for what `resolve` does not cover
             raise InvalidArgument("sampling", str(exc)) from exc
+        if self.stopped:
+            raise Unavailable("this replica has stopped generating (its drain ended); send the request to another replica")
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._running:
             raise InvalidArgument("request_id", f"{request_id!r} is already running; use a new id")
+        self.admit(request_id)
+        return GenerationStream(self, request_id, prompt_ids, sampling, params)
+
+    def ensure_accepting(self) -> None:
+        """Raises Unavailable once the replica drains (SIGTERM): new API requests go to another replica."""
+        if self.draining:
+            raise Unavailable("this replica is shutting down (draining); send the request to another replica")
+
+    def admit(self, slot: str) -> None:
+        """Takes one slot of `rollout.max_queue` for `slot` (a request id); raises ResourceExhausted when none is free.
+
+        gRPC and dock requests take theirs in `open`; an HTTP request served by vLLM's app takes one for its
+        whole response (a list of prompts or n > 1 is one slot, as one gRPC request is).
+        """
         if len(self._running) >= self.max_queue:
             REJECTED_REQUESTS.inc()
             raise ResourceExhausted(
                 f"rollout.max_queue: {len(self._running)} requests are waiting or running (limit {self.max_queue}); retry later"
             )
-        self._running.add(request_id)
+        self._running.add(slot)
         QUEUE_DEPTH.set(len(self._running))
-        return GenerationStream(self, request_id, prompt_ids, sampling, params)
+
+    def release(self, slot: str) -> None:
+        """Gives back the slot `admit` took."""
+        self._running.discard(slot)
+        QUEUE_DEPTH.set(len(self._running))
 
     async def abort(self, request_id: str) -> bool:
         """Aborts a running request; False when no such request runs."""
@@ -266,10 +305,6 @@ class RolloutEngine:
             return False
         await self.llm.abort(request_id)
         return True
-
-    def _release(self, request_id: str) -> None:
-        self._running.discard(request_id)
-        QUEUE_DEPTH.set(len(self._running))
 
     def _delta(self, comp, sampling: ResolvedSampling) -> CompletionDelta:
         token_ids = list(comp.token_ids)
@@ -327,13 +362,20 @@ class RolloutEngine:
                 if not self.llm.errored:
                     await self.llm.resume_generation()
 
+    async def abort_all(self) -> None:
+        """Ends every request in the engine now, whichever API sent it (finish_reason "abort"); opens no new one.
+
+        For a replica about to stop. The frontend's request table is the one place that also knows the
+        HTTP requests (vLLM's app gives them its own ids). A request still on its way in is not in it
+        yet: the caller repeats this until nothing runs. (vLLM's pause in "abort" mode would hang
+        instead: a request that arrives after it is queued until a resume that never comes.)
+        """
+        self.stopped = True
+        with dead_engine_is_unavailable():
+            await self.llm.abort(list(self.llm.output_processor.request_states), internal=True)
+
     async def wait_dead(self) -> str:
         """Returns vLLM's reason once the engine has died (a worker killed by the OOM killer, a crash)."""
         while not self.llm.errored:
             await asyncio.sleep(DEAD_ENGINE_POLL_S)
         return str(self.llm.dead_error)
-
-    def ensure_running(self) -> None:
-        """Raises FailedPrecondition when the engine has died."""
-        if self.llm.errored:
-            raise FailedPrecondition(f"the vLLM engine has stopped: {self.llm.dead_error}")

@@ -48,6 +48,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.receiver = receiver
 
     def _open(self, request: rollout_pb2.GenerateRequest):
+        self.engine.ensure_accepting()
         self.engine.check_model(request.model)
         kind = request.WhichOneof("prompt")
         if kind is None:
@@ -92,6 +93,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
 
     async def UpdateWeights(self, request_iterator, context):
         try:
+            self.engine.ensure_accepting()
             result = await self.receiver.receive(request_iterator)
         except DockrlError as exc:
             await grpc_abort_async(context, exc)
@@ -108,8 +110,10 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         )
 
 
-async def start_grpc_server(engine: RolloutEngine, receiver: WeightReceiver, host: str, port: int, token: str) -> tuple[grpc.aio.Server, int]:
-    """Starts the Rollout and health services; returns the server and the port it bound."""
+async def start_grpc_server(
+    engine: RolloutEngine, receiver: WeightReceiver, host: str, port: int, token: str,
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Starts the Rollout and health services; returns the server, the port it bound and the health servicer."""
     server = grpc.aio.server(
         interceptors=[AsyncTokenInterceptor(token, PROTECTED_METHODS), AsyncDecodeErrorInterceptor()],
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
@@ -121,4 +125,4 @@ async def start_grpc_server(engine: RolloutEngine, receiver: WeightReceiver, hos
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    return server, bound, health_servicer

@@ -35,8 +35,8 @@ class LocalReplica:
     def http_base(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM, then SIGKILL of its process group if it does not end in `timeout_s`."""
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM, then SIGKILL of its process group if it does not end in `timeout_s` (the default rollout.drain_s is 30)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -33,7 +33,7 @@ def tree_rss(pid: int) -> int:
 async def timed_post(client: httpx.AsyncClient, body: dict) -> tuple[int, float, dict]:
     start = time.perf_counter()
     response = await client.post("/v1/completions", json=body)
-    return response.status_code, time.perf_counter() - start, response.json()
+    return response.status_code, time.perf_counter() - start, {**response.json(), "retry_after": response.headers.get("retry-after")}
 
 
 async def burst(base: str, n: int, body: dict) -> list[tuple[int, float, dict]]:
@@ -59,9 +59,10 @@ def test_http_burst_beyond_the_queue_is_refused_fast_and_memory_stays_bounded(ro
     fault_log.check("rollout HTTP load", "how fast the 429s come back", f"each 429 within {REFUSAL_LIMIT_S} s",
                     f"429 min {min(t for t, _ in refused):.2f} s, median {statistics.median(t for t, _ in refused):.2f} s, max {slowest_refusal:.2f} s; "
                     f"200 median {statistics.median(served):.2f} s", slowest_refusal < REFUSAL_LIMIT_S)
-    error = refused[0][1]["error"]
-    fault_log.check("rollout HTTP load", "the 429's body", "OpenAI error shape naming rollout.max_queue",
-                    f"type {error['type']!r}: {error['message']}", error["type"] == "rate_limit_error" and "max_queue" in error["message"])
+    error, retry_after = refused[0][1]["error"], refused[0][1]["retry_after"]
+    fault_log.check("rollout HTTP load", "the 429's body and headers", "vLLM's error shape naming rollout.max_queue, Retry-After",
+                    f"type {error['type']!r}: {error['message']}; Retry-After {retry_after}",
+                    error["type"] == "RateLimitError" and "max_queue" in error["message"] and retry_after == "1")
     growth = rss_after - rss_before
     fault_log.check("rollout HTTP load", "resident memory of the replica's process tree over the burst",
                     f"grows by less than {RSS_GROWTH_LIMIT >> 20} MiB",

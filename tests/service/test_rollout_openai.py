@@ -1,11 +1,19 @@
-"""The official openai client against the rollout server's HTTP API, unchanged."""
+"""Clients no one here wrote against the rollout server's HTTP API (vLLM's own OpenAI app on the
+replica's engine): the official openai client, and vLLM's own routes and metrics."""
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+
+import httpx
 import openai
 import pytest
 from transformers import AutoTokenizer
 
 from rollout_harness import greedy_request, hf_logprobs, load_hf_model, shared_servers, rollout_stub
+from services.common.pb import rollout_pb2
 
 pytestmark = pytest.mark.service
 
@@ -76,10 +84,74 @@ def test_n_samples_and_batched_prompts(client):
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
 
 
-def test_client_sees_clear_errors(client):
-    with pytest.raises(openai.BadRequestError, match=r"top_p: must be in \(0.0, 1.0\], got 0.0"):
+def test_client_sees_vllms_errors(client):
+    with pytest.raises(openai.BadRequestError, match=r"top_p must be in \(0, 1\], got 0.0"):
         client.completions.create(model="tiny", prompt="Hello", top_p=0.0)
-    with pytest.raises(openai.BadRequestError, match=r"model: 'gpt-4o' is not served here; this server serves 'tiny'"):
+    with pytest.raises(openai.NotFoundError, match=r"The model `gpt-4o` does not exist"):
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(openai.BadRequestError, match=r"top_logprobs: needs logprobs=true"):
+    with pytest.raises(openai.BadRequestError, match=r"when using `top_logprobs`, `logprobs` must be set to true"):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], top_logprobs=2)
+
+
+def test_stop_string_gives_stop_reason(client):
+    free = client.completions.create(model="tiny", prompt="Hello", **GREEDY_NO_EOS).choices[0].text
+    stop = free[-1]  # a character greedy decoding is known to reach
+    choice = client.completions.create(model="tiny", prompt="Hello", stop=[stop], temperature=0, max_tokens=MAX_TOKENS).choices[0]
+    assert choice.finish_reason == "stop" and choice.model_extra["stop_reason"] == stop
+    assert choice.text == free[:free.index(stop)]
+
+
+def test_json_schema_response_format_holds_the_output_to_the_schema(client):
+    """Guided decoding (vLLM's structured outputs) holds even a random tiny model to the schema (sampled: greedy
+    loops on whitespace, which JSON allows between tokens, until max_tokens)."""
+    schema = {"type": "object", "properties": {"op": {"type": "string", "enum": ["add", "sub"]}}, "required": ["op"],
+              "additionalProperties": False}
+    formatted = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "1+2="}], max_tokens=100, temperature=1, seed=1,
+                                               response_format={"type": "json_schema", "json_schema": {"name": "op", "schema": schema}})
+    assert json.loads(formatted.choices[0].message.content)["op"] in ("add", "sub")
+
+
+def test_vllm_routes_tokenize_detokenize_version(servers):
+    base = servers.a.http_base
+    tokens = httpx.post(f"{base}/tokenize", json={"model": "tiny", "prompt": "Hello"}, timeout=30).json()
+    assert tokens["tokens"] == [39, 68, 75, 75, 78] and tokens["max_model_len"] == 128
+    assert httpx.post(f"{base}/detokenize", json={"model": "tiny", "tokens": tokens["tokens"]}, timeout=30).json()["prompt"] == "Hello"
+    import vllm
+
+    assert httpx.get(f"{base}/version", timeout=30).json() == {"version": vllm.__version__}
+
+
+def test_policy_version_route_and_header(servers, client):
+    base = servers.a.http_base
+    version = rollout_stub(servers.a).GetInfo(rollout_pb2.GetInfoRequest()).version
+    assert httpx.get(f"{base}/v1/policy_version", timeout=30).json() == {"policy_version": version, "model": "tiny"}
+    raw = client.completions.with_raw_response.create(model="tiny", prompt="Hello", max_tokens=2)
+    assert raw.headers["x-policy-version"] == str(version)
+
+
+def test_metrics_has_vllms_series_beside_dockrls_counting_grpc_too(servers):
+    def series(text: str, name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+    base = servers.a.http_base
+    before = httpx.get(f"{base}/metrics", timeout=30).text
+    grpc_greedy(servers, [72, 101, 108, 108, 111])  # MAX_TOKENS tokens through gRPC, not HTTP
+    after = httpx.get(f"{base}/metrics", timeout=30).text
+    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket", "vllm:kv_cache_usage_perc",
+                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:request_success_total"):
+        assert f"\n{name}{{" in after, name
+    assert "dockrl_rollout_queue_depth " in after and "dockrl_rollout_policy_version " in after
+    assert series(after, "vllm:generation_tokens_total") - series(before, "vllm:generation_tokens_total") == MAX_TOKENS
+
+
+def test_vllm_bench_serve_runs_against_the_replica(servers):
+    """vLLM's own benchmark client, through the `vllm` command this project installs (services/rollout/vllm_cli.py)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "services.rollout.vllm_cli", "bench", "serve", "--backend", "openai", "--base-url", servers.a.http_base,
+         "--model", "tiny", "--tokenizer", str(servers.model_dir), "--dataset-name", "random", "--random-input-len", "8",
+         "--random-output-len", "8", "--num-prompts", "8", "--max-concurrency", "2", "--ignore-eos"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert re.search(r"Successful requests:\s+8\b", run.stdout) and re.search(r"Failed requests:\s+0\b", run.stdout), run.stdout[-2000:]
+    assert re.search(r"Total generated tokens:\s+64\b", run.stdout), run.stdout[-2000:]
