@@ -13,6 +13,7 @@ import json
 import logging
 import time
 
+import psutil
 import torch
 
 from services.common.auth import resolve_token
@@ -64,6 +65,8 @@ def _report_lost_dock(logger, session: TrainerSession, exc: DockMissing) -> None
 def train(cfg: Config, resume: bool = False, host: str | None = None, port: int | None = None) -> int:
     """Runs megatron_training.train_iters iterations against the dock; returns an exit code."""
     logger = setup_logging("trainer")
+    started = time.perf_counter()
+    imported = time.time() - psutil.Process().create_time()  # from the process's start: Python's imports
     if not accelerator_present():
         torch.set_num_threads(cpu_threads())
         log_event(logger, "cpu threads", threads=torch.get_num_threads())
@@ -71,6 +74,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
     mt, rl = cfg.megatron_training, cfg.rl_config
     prompts = load_prompts(mt.data_path)
     session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
+    model_ready = time.perf_counter()
     leader = session.is_leader
     dock = Dock.from_config(cfg, token=token) if leader else None
     if leader and (not resume or not dock.client.exists(dock.keys.meta)):
@@ -86,9 +90,16 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
     try:
         weights = session.gather_weights()
         if leader:
+            waiting = time.perf_counter()
             sync.wait_for_replicas(timeout_s=600.0)
+            replica_ready = time.perf_counter()
             sync.push_to_stale(weights, session.version)
+            pushed = time.perf_counter()
             before = _evaluate(session, sync, eval_sets, session.step, run_log, logger)
+            # Where the trainer's start-up goes; rollout replicas start alongside, so waiting for one is vLLM's start left over.
+            log_event(logger, "start-up", imports_s=f"{imported:.1f}", model_s=f"{model_ready - started:.1f}",
+                      waiting_for_rollout_s=f"{replica_ready - waiting:.1f}", first_push_s=f"{pushed - replica_ready:.1f}",
+                      evaluation_s=f"{time.perf_counter() - pushed:.1f}", total_s=f"{imported + time.perf_counter() - started:.1f}")
         first_step = session.step + 1
         for step in range(first_step, mt.train_iters + 1):
             session.control.wait_while_paused()
