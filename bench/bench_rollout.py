@@ -1,11 +1,14 @@
-"""Tokens/s through the rollout server's gRPC and HTTP APIs vs. vLLM offline `LLM.generate`.
+"""Tokens/s through the rollout server's gRPC and HTTP APIs vs. vLLM offline `LLM.generate` and `vllm serve`;
+time to first token of our HTTP API vs. `vllm serve`.
 
 Same model, engine settings, prompts and sampling params (greedy, EOS ignored, so every path
 generates the same number of tokens; no logprobs), at each of --concurrency requests in flight (offline: one
-`LLM.generate` call over that many prompts). The offline engine runs in its own process and the
-server in its own; both stay resident and the repetitions are interleaved (offline, gRPC, HTTP,
-offline, ...), so load from other jobs hits every path alike. Prints the median tokens/s of each
-path and its ratio to offline vLLM (goal >= 0.95).
+`LLM.generate` call over that many prompts). The offline engine, `vllm serve` (vLLM's own server,
+through services/rollout/vllm_cli.py) and our server each run in their own process; all stay
+resident and the repetitions are interleaved (offline, gRPC, HTTP, vllm serve, offline, ...), so load
+from other jobs hits every path alike. Prints the median tokens/s of each path and its ratio to
+offline vLLM (goal >= 0.95), then the p50 / p99 time to first token of streamed /v1/completions
+requests, ours and `vllm serve`'s, over every request of every repetition at each concurrency.
 
     python bench/bench_rollout.py --quick                 # tiny model, CI
     python bench/bench_rollout.py                         # tiny model, 128 tokens, 5 reps
@@ -17,8 +20,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -97,6 +102,77 @@ class OfflineEngine:
         self._log.close()
 
 
+class VllmServe:
+    """`vllm serve` on the same model and engine settings, in its own process (its own process group)."""
+
+    def __init__(self, model: str, engine: dict, env: dict[str, str], log_path):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        flags = [f"--{key.replace('_', '-')}={value}" for key, value in engine.items()]
+        cmd = [sys.executable, "-m", "services.rollout.vllm_cli", "serve", model, "--host", "127.0.0.1", "--port", str(self.port),
+               "--served-model-name", "bench", "--enforce-eager", "--no-enable-prefix-caching", "--disable-uvicorn-access-log", *flags]
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO,
+                                     start_new_session=True)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout_s: float = 600) -> None:
+        """Blocks until GET /health answers 200."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not start; see {self._log.name}")
+            try:
+                if httpx.get(f"{self.base}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        """SIGTERM to its process group; SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+async def ttft_rep(base: str, prompts: list[list[int]], max_tokens: int) -> list[float]:
+    """Seconds to the first streamed token of each of `prompts`, sent at once as streamed POST /v1/completions."""
+    import httpx
+
+    body = {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}
+
+    async def one(client: httpx.AsyncClient, prompt: list[int]) -> float:
+        start = time.perf_counter()
+        first = None
+        async with client.stream("POST", "/v1/completions", json={**body, "prompt": prompt}) as response:
+            assert response.status_code == 200, response.status_code
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                    first = time.perf_counter() - start
+        return first if first is not None else float("nan")
+
+    async with httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_connections=len(prompts))) as client:
+        return await asyncio.gather(*(one(client, p) for p in prompts))
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by the nearest-rank method."""
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q / 100 * len(ranked)) - 1)]
+
+
 async def grpc_rep(target: str, prompts: list[list[int]], max_tokens: int) -> float:
     """Seconds for every prompt as one concurrent unary Generate call each."""
     import grpc
@@ -156,24 +232,34 @@ def main() -> int:
     # offline vLLM and our server, both resident, starting at the same time
     offline = OfflineEngine({"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "engine": engine},
                             engine_env(args.device), work / "offline.log")
+    vllm_serve = VllmServe(str(model), engine, engine_env(args.device), work / "vllm_serve.log")
     overrides = [f"generate_config.{k}={v}" for k, v in engine.items()] + ["rollout.max_queue=1024"]
     overrides += [o for o in engine_overrides(args.device, 2, engine["dtype"]) if "dtype" not in o and "gpu_memory" not in o]
     replicas = []
     results = {}
+    ttft: dict[int, dict[str, list[float]]] = {}
     try:
         replicas = start_replicas(model, work, {"server": overrides}, engine_env(args.device))
         server = replicas[0]
         offline.wait_ready()
+        vllm_serve.wait_ready()
         for c in args.concurrency:
             batch = prompts[:c]
             results[c] = interleaved({
                 "offline": lambda: offline.rep(c),
                 "gRPC": lambda: asyncio.run(grpc_rep(server.grpc_target, batch, max_tokens)),
                 "HTTP": lambda: asyncio.run(http_rep(server.http_base, batch, max_tokens)),
+                "vllm": lambda: asyncio.run(http_rep(vllm_serve.base, batch, max_tokens)),
             }, reps, WARMUPS, label=f"concurrency {c}: ")
+            for rep in range(WARMUPS + reps):  # ours and vLLM's in turn; the warm-up rounds are not kept
+                for name, base in (("HTTP", server.http_base), ("vllm", vllm_serve.base)):
+                    seconds = asyncio.run(ttft_rep(base, batch, max_tokens))
+                    if rep >= WARMUPS:
+                        ttft.setdefault(c, {}).setdefault(name, []).extend(seconds)
     finally:
         stop_all(replicas)
         offline.close()
+        vllm_serve.close()
 
     print(machine_line())
     print(f"{'concurrency':>11}{'path':>8}{'median tok/s':>14}{'vs offline':>12}   per-rep tok/s")
@@ -183,9 +269,15 @@ def main() -> int:
         for name, seconds in times.items():
             rate = tokens / median(seconds)
             print(f"{c:>11}{name:>8}{rate:>14.0f}{rate / base:>11.2f}x   {' '.join(f'{tokens / t:.0f}' for t in seconds)}")
+    print(f"{'concurrency':>11}{'server':>13}{'TTFT p50 ms':>13}{'TTFT p99 ms':>13}{'requests':>10}")
+    for c, by_server in ttft.items():
+        for name, seconds in by_server.items():
+            label = "ours (HTTP)" if name == "HTTP" else "vllm serve"
+            print(f"{c:>11}{label:>13}{1000 * percentile(seconds, 50):>13.1f}{1000 * percentile(seconds, 99):>13.1f}{len(seconds):>10}")
     for c, times in results.items():
         for name in ("gRPC", "HTTP"):
             ratio(f"{name} / offline tokens/s at concurrency {c}", paired(times, "offline", name), at_least=GOAL)
+        ratio(f"HTTP / vllm serve tokens/s at concurrency {c}", paired(times, "vllm", "HTTP"))
     return 0
 
 
