@@ -201,3 +201,21 @@ def test_claims_default_to_the_consumers_dispatch_size(dock_factory):
     dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=8, dispatch_sizes={"actor_rollout": 3 * N}))
     _fill_prompts(dock, range(8))
     assert [len(dock.claim("actor_rollout", ["prompts"])) for _ in range(3)] == [3 * N, 3 * N, 2 * N]
+
+
+def test_claims_take_the_lowest_free_groups_past_gaps_and_unready_rows(dock_factory):
+    # Claims pick from a bitmap of takeable rows: released rows in the middle come first, groups
+    # with an unready row are passed over, and rows far past the consumed prefix are found.
+    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=300))
+    _fill_prompts(dock, range(300))
+    first, middle, last = (dock.claim("actor_rollout", ["prompts"], 2 * N) for _ in range(3))
+    assert [first.indexes[0], middle.indexes[0], last.indexes[0]] == [0, 2 * N, 4 * N]
+    dock.release(middle.lease, middle.indexes)
+    assert dock.claim("actor_rollout", ["prompts"], 2 * N).indexes == middle.indexes
+    rows = dock.rows_of(range(300))
+    dock.put([r for r in rows if r != N * 10 + 1], {"responses": [[1]] * (len(rows) - 1)})  # group 10 lacks a response
+    reward = dock.claim("rule_reward", ["prompts", "responses"], 11 * N)
+    assert [i // N for i in reward.indexes[::N]] == [*range(10), 11]
+    dock.ack(reward.lease, reward.indexes)
+    tail = dock.claim("rule_reward", ["prompts", "responses"], 300 * N)
+    assert [i // N for i in tail.indexes[::N]] == list(range(12, 300))
