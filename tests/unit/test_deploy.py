@@ -196,3 +196,11 @@ def test_dockerfiles_fail_when_an_install_fails_and_cpu_takes_the_cpu_torch():
         assert "|| true" not in text, f"Dockerfile.{platform}: a failed install must fail the build"
     cpu = (ROOT / "deploy/docker/Dockerfile.cpu").read_text()
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in cpu
+
+
+def test_rollout_gets_its_drain_time_before_it_is_killed():
+    drain_s = load_config(ROOT / "configs/tiny_cpu.yaml").rollout.drain_s
+    grace = COMPOSE["services"]["rollout"]["stop_grace_period"]
+    assert int(grace.rstrip("s")) > drain_s, f"compose kills rollout after {grace}, before its {drain_s} s drain ends"
+    [rollout] = [d for d in K8S if d["metadata"]["name"] == "dockrl-rollout"]
+    assert rollout["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain_s
