@@ -23,7 +23,7 @@ service's dock calls as if they were on the critical path, so it is an upper bou
 
     python bench/bench_e2e.py --quick      # 3 iterations (CI)
     python bench/bench_e2e.py              # 14 iterations
-    python bench/bench_e2e.py --set rollout.omp_threads_bind=0   # the vLLM engine on core 0 only
+    python bench/bench_e2e.py --set "rollout.omp_threads_bind='0'"   # the vLLM engine on core 0 only
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=None, help="GRPO iterations (default 14; --quick 3)")
     p.add_argument("--skip", type=int, default=None, help="first iterations left out of the medians (default 2; --quick 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="one more config override for the dockrl up run, e.g. rollout.omp_threads_bind=0 (repeatable)")
+                   help="one more config override for the dockrl up run, e.g. rollout.omp_threads_bind='0' (repeatable)")
     args = p.parse_args()
     iters = args.iters or (3 if args.quick else 14)
     args.skip = args.skip if args.skip is not None else (1 if args.quick else 2)
