@@ -28,6 +28,7 @@ Two more parts, on the same Redis:
     python bench/bench_dock.py --quick                # 256 and 4096 rows, short sequences (CI)
     python bench/bench_dock.py                        # 256, 4096, 32768 rows; 128-token prompts, 256-token responses
     python bench/bench_dock.py --redis-url redis://127.0.0.1:6379/0   # an existing Redis instead of a private one
+    python bench/bench_dock.py --profile --rows 4096  # where one iteration's time goes (docs/dock.md), then exit
 """
 from __future__ import annotations
 
@@ -265,6 +266,34 @@ def spec_dtype(column: str) -> str:
     return next(c.dtype for c in DEFAULT_COLUMNS if c.name == column)
 
 
+def profile(client, rows: int, prompt_len: int, response_len: int, claims: int) -> None:
+    """One dock and one plain iteration after a warm-up: Redis's time per command (INFO commandstats) and the client's top functions (cProfile)."""
+    import cProfile
+    import pstats
+
+    from services.dock import codec
+
+    data = IterationData.make(rows, prompt_len, response_len)
+    blobs = {name: [codec.encode(codec.to_array(v, spec_dtype(name), name)) for v in values] for name, values in data.values.items()}
+    dock = new_dock(client, rows)
+    try:
+        dock_iteration(dock, data, claims)
+        plain_iteration(client, dock.keys.base + "plain", blobs, claims)
+        for name, run in (("plain", lambda: plain_iteration(client, dock.keys.base + "plain", blobs, claims)),
+                          ("dock", lambda: dock_iteration(dock, data, claims))):
+            client.config_resetstat()
+            profiler = cProfile.Profile()
+            seconds = profiler.runcall(run)
+            stats = client.info("commandstats")
+            print(f"\n{name}: {seconds:.3f} s at {rows} rows (under cProfile); Redis's time: "
+                  f"{sum(v['usec'] for v in stats.values()) / 1e6:.3f} s")
+            for command, v in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:10]:
+                print(f"  {command.removeprefix('cmdstat_'):>16} {v['calls']:>8} calls {v['usec'] / 1e3:>9.1f} ms")
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(12)
+    finally:
+        dock.destroy()
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) of `values`, nearest rank."""
     ordered = sorted(values)
@@ -284,6 +313,7 @@ def main() -> int:
     p.add_argument("--dispatch", type=int, default=32, help="rows per claim in the claimer rounds (default 32)")
     p.add_argument("--memory-iterations", type=int, default=None, help="iterations of the memory run (default 200; --quick 20)")
     p.add_argument("--memory-rows", type=int, default=None, help="GBS*n of the memory run (default 1024; --quick 256)")
+    p.add_argument("--profile", action="store_true", help="profile one iteration at the first --rows (Redis per command, client per function) and exit")
     args = p.parse_args()
     reps = args.reps or (3 if args.quick else 5)
     sizes = args.rows or ([256, 4096] if args.quick else [256, 4096, 32768])
@@ -305,6 +335,9 @@ def main() -> int:
         client = redis.Redis.from_url(url, socket_timeout=DockConfig.socket_timeout_s)
         progress(f"redis {url}; rows {sizes}, {prompt_len}-token prompts, responses 1..{response_len} tokens, "
                  f"{args.claims} claims per consumer, {reps} reps")
+        if args.profile:
+            profile(client, sizes[0], prompt_len, response_len, args.claims)
+            return 0
         results = {rows: measure(client, rows, prompt_len, response_len, args.claims, reps) for rows in sizes}
         claimers = measure_claimers(client, url, claim_rows, prompt_len, args.claimers, args.dispatch, reps)
         memory = measure_memory(client, memory_rows, prompt_len, response_len, args.claims, memory_iterations)
