@@ -206,7 +206,7 @@ class TrainerServiceConfig:
     eval_data_path: str = ""  # preprocessed prompts RL trains on, evaluated greedily (train accuracy); empty: none
     test_data_path: str = ""  # preprocessed prompts held out from RL (held-out accuracy); empty: none
     rollout_timeout_s: float = 600.0  # an iteration fails when no scored group arrives for this long
-    log_logprob_diff: bool = True  # forward pass per step for train_rollout_logprob_diff (it also serves as the old log-probs)
+    log_logprob_diff: bool = True  # log train_rollout_logprob_diff each step, from the update's own log-probs before its first step (no extra pass)
     eval_interval: int = 0  # iterations between held-out evaluations; 0: start and end only
 
 
