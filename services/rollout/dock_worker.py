@@ -10,7 +10,8 @@ replica registry with a heartbeat, so the trainer's weight push finds it.
 On stop (the replica drains) it claims nothing more; the claim it holds runs on until it ends or
 the server aborts the engine's requests at the drain's deadline. Then rows that finished are put,
 and the others go back to the dock: under partial rollout with the tokens, logprobs and versions
-generated so far (a partial put), otherwise released to start over. Then the replica deregisters.
+generated so far (a partial put); otherwise released to start over, each with its whole group
+(claims then take whole groups). Then the replica deregisters.
 """
 from __future__ import annotations
 
@@ -142,18 +143,26 @@ class DockWorker:
             prior = [claim.columns.get(c, [None] * len(claim))[i] for c in PARTIAL_COLUMNS]
             rows.append(self._generate(index, list(claim.columns["prompts"][i]), *prior))
         results = await asyncio.gather(*rows)
-        done = [r for r in results if r.finished]
-        partial = [r for r in results if not r.finished]
+        layout = self.dock.layout
+        if layout.partial_rollout:
+            # Rows that got tokens go back with them (a later claim resumes them); rows cut at the drain's
+            # deadline before a token are released, back to the pool with what was stored before this claim.
+            done = [r for r in results if r.finished]
+            resumable = [r for r in results if not r.finished and r.generated]
+            unchanged = [r.index for r in results if not r.finished and not r.generated]
+        else:
+            # Claims take whole groups and never resume a response: a group with a row cut short (the drain,
+            # an Abort) goes back whole, its finished rows too, or no group claim could take the rest of it.
+            n = layout.n_samples_per_prompt
+            cut = {r.index // n for r in results if not r.finished}
+            done = [r for r in results if r.index // n not in cut]
+            resumable = []
+            unchanged = [r.index for r in results if r.index // n in cut]
         version = self.engine.version
         if done:
             columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
                        "finish_reason": [r.sample.finish_reason for r in done]}
             await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=version)
-        # Rows that got tokens go back with them under partial rollout (a later claim resumes them). The rest
-        # (aborted at the drain's deadline before a token, or without partial rollout, where a claim never
-        # resumes a response) are released: back to the pool with what was stored before this claim.
-        resumable = [r for r in partial if r.generated and self.dock.layout.partial_rollout]
-        unchanged = [r.index for r in partial if not (r.generated and self.dock.layout.partial_rollout)]
         if resumable:
             await asyncio.to_thread(self.dock.put, [r.index for r in resumable], _token_columns(resumable),
                                     lease=claim.lease, version=version, partial=True)
