@@ -124,11 +124,13 @@ def test_sigterm_under_load_drains_within_drain_s(tiny_model_dir, tmp_path, faul
     lengths = [(len(r), len(lp), len(v), set(int(x) for x in v)) for r, lp, v in
                zip(returned.get("responses", []), returned.get("rollout_log_probs", []), returned.get("versions", [])) if r is not None]
     with_tokens = [x for x in lengths if x[0]]
-    cut = [x for x in with_tokens if x[0] < BUDGET]  # aborted at the deadline part-way through their budget
-    fault_log.check(area, "the dock rows afterwards", "none leased; every row finished or claimable again; rows cut at the "
-                    "deadline are among those returned, and every returned row keeps its tokens, logprobs and versions (one each per token)",
+    # aborted at the deadline part-way through their budget: how many depends on where the 32 running rows were
+    # (0 to a few here), so it is reported, not required
+    cut = [x for x in with_tokens if x[0] < BUDGET]
+    fault_log.check(area, "the dock rows afterwards", "none leased; every row finished or claimable again; every returned "
+                    "row keeps its tokens, logprobs and versions (one each per token)",
                     f"leased {stats.leased.get('actor_rollout', 0)}; finished {stats.ready.get('responses', 0)} + claimable "
                     f"{len(again) if again else 0} of {len(rows)}; {len(with_tokens)} returned with tokens, {len(cut)} of them "
                     f"cut before {BUDGET} tokens",
                     stats.leased.get("actor_rollout", 0) == 0 and stats.ready.get("responses", 0) + (len(again) if again else 0) == len(rows)
-                    and cut and all(n == nlp == nv and versions == {0} for n, nlp, nv, versions in with_tokens))
+                    and with_tokens and all(n == nlp == nv and versions == {0} for n, nlp, nv, versions in with_tokens))
