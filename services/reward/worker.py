@@ -117,13 +117,13 @@ class RewardWorker:
         return inputs
 
     def run_until(self, stop: threading.Event, address: str = "", heartbeat_ttl_s: float = 10.0) -> None:
-        """Steps until `stop` is set, logging rows/s and each part's mean (`{name}_rewards/mean`) every
-        10 s; registered as a `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
+        """Steps until `stop` is set, logging rows/s, the mean score and each part's mean
+        (`{name}_rewards/mean`) over the rows of every 10 s, and of the rows since then when it stops;
+        registered as a `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
         registry = ReplicaRegistry(self.dock.client, self.dock.keys, heartbeat_ttl_s)
         replica_id = self.replica_id
         last_beat = -float("inf")  # register on the first pass
-        last_log = time.monotonic()
-        rows = 0
+        window = _Window(time.monotonic())
         waiting_for = ""
         log_event(logger, "dock worker started", replica=replica_id, consumer=CONSUMER, run=self.dock.keys.base)
         try:
@@ -144,15 +144,40 @@ class RewardWorker:
                 now = time.monotonic()
                 if report is None:
                     continue
-                rows += len(report.indexes)
-                if now - last_log >= _PROGRESS_EVERY_S:
-                    log_event(logger, "scoring", rows=rows, rows_per_s=round(rows / (now - last_log), 1),
-                              mean_score=round(report.mean_score, 4), timed_out=report.timed_out,
-                              **{f"{k}_rewards/mean": round(v, 4) for k, v in report.part_means.items()})
-                    rows, last_log = 0, now
+                window.add(report)
+                if now - window.since >= _PROGRESS_EVERY_S:
+                    window.log("scoring", now)
+                    window = _Window(now)
         finally:
+            if window.rows:
+                window.log("scored before stopping", time.monotonic())
             try:
                 registry.deregister(replica_id)
             except Unavailable:  # Redis away: the entry expires after its TTL instead
                 pass
             log_event(logger, "dock worker stopped", replica=replica_id)
+
+
+class _Window:
+    """Rows scored since `since`, their score sum, per-part sums and timeouts, for the progress log."""
+
+    def __init__(self, since: float):
+        self.since = since
+        self.rows = 0
+        self.score_sum = 0.0
+        self.part_sums: dict[str, float] = {}
+        self.timed_out = 0
+
+    def add(self, report: BatchReport) -> None:
+        n = len(report.indexes)
+        self.rows += n
+        self.score_sum += report.mean_score * n
+        for name, mean in report.part_means.items():
+            self.part_sums[name] = self.part_sums.get(name, 0.0) + mean * n
+        self.timed_out += report.timed_out
+
+    def log(self, message: str, now: float) -> None:
+        rows = max(self.rows, 1)
+        log_event(logger, message, rows=self.rows, rows_per_s=round(self.rows / max(now - self.since, 1e-9), 1),
+                  mean_score=round(self.score_sum / rows, 4), timed_out=self.timed_out,
+                  **{f"{name}_rewards/mean": round(total / rows, 4) for name, total in self.part_sums.items()})

@@ -1,0 +1,27 @@
+"""GRPO on the tiny demo with a 0.5 / 0.5 mix of math_17k_acc and a reward model, through `dockrl up`."""
+import re
+
+import pytest
+
+from services.common.tiny_model import build_tiny_model, fit_reward_model
+from tests.e2e.conftest import steps
+
+pytestmark = [pytest.mark.service, pytest.mark.slow]
+
+
+def test_a_mixed_rule_and_model_reward_run_completes_and_logs_both_parts(run_up, tmp_path):
+    rm = build_tiny_model(tmp_path / "rm", prompt_type="empty", reward=True)
+    fit_reward_model(rm, steps=20)
+    metrics, summary, log_dir = run_up(
+        "megatron_training.train_iters=3", "trainer.eval_data_path=", "trainer.test_data_path=",
+        "rl_config.verifier_function=[math_17k_acc, reward_model]", "rl_config.verifier_weight=[0.5, 0.5]",
+        f"reward_config.load={rm}", "reward_config.seq_length=64",
+    )
+    assert len(steps(metrics)) == 3 and summary["accounting"]["rows_dropped"] == 0
+    assert summary["accounting"]["rows_trained"] == summary["accounting"]["rows_put"]
+    reward_log = (log_dir / "services" / "reward-0.log").read_text()
+    assert "reward model loaded" in reward_log
+    progress = re.findall(r"math_17k_acc_rewards/mean=(\S+) reward_model_rewards/mean=(\S+)", reward_log)
+    assert progress, reward_log[-3000:]
+    for acc, model in progress:
+        assert 0.0 <= float(acc) <= 1.0 and float(model) != 0.0
