@@ -90,7 +90,7 @@ def test_serve_with_dock_scores_the_dock_and_answers_grpc(tmp_path, redis_url):
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
         assert "dockrl_reward_dock_rows_scored_total 4.0" in metrics and "dockrl_reward_samples_scored_total 2.0" in metrics
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0  # a liveness bound, not a speed figure: a loaded machine took over 20 s
 
 
 def test_a_wildcard_bind_registers_an_address_peers_can_dial(tmp_path, redis_url):
@@ -107,4 +107,4 @@ def test_a_wildcard_bind_registers_an_address_peers_can_dial(tmp_path, redis_url
         with RewardClient(replica.address) as reward:
             assert reward.score([ScoreInput(r"\boxed{2}", "2")])[0].total == 1.0
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait(timeout=60) == 0  # a liveness bound, not a speed figure: a loaded machine took over 20 s
