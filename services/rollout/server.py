@@ -13,6 +13,7 @@ import uvicorn
 
 from services.common.auth import resolve_token
 from services.common.config import Config
+from services.common.grpc_serving import advertised_address
 from services.common.log import log_event
 from services.common.ready_file import write_ready_file
 from services.rollout.engine import RolloutEngine
@@ -82,7 +83,7 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     # 3. the dock worker, when asked for (registered before we say we are ready)
     worker = worker_task = None
     if options.dock_url:
-        worker = _dock_worker(engine, cfg, token, options.dock_url, f"{_advertised(options.host)}:{grpc_port}")
+        worker = _dock_worker(engine, cfg, token, options.dock_url, advertised_address(options.host, grpc_port))
         await worker.register()
         worker_task = asyncio.create_task(worker.run(stop))
     if options.ready_file:  # before the log line: whoever reads the line may look for the file at once
@@ -136,11 +137,6 @@ async def _drain(engine: RolloutEngine, health, worker_task: asyncio.Task | None
         await asyncio.sleep(DRAIN_POLL_S)
     log_event(log, "drained", seconds=round(time.monotonic() - began, 2), aborted_requests=aborted)
     return deadline
-
-
-def _advertised(host: str) -> str:
-    """The address other machines reach this one at (the bind address unless it is a wildcard)."""
-    return socket.gethostname() if host in ("0.0.0.0", "::", "") else host
 
 
 def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str, address: str):
