@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 AREA = "whole loop"
 GBS, N = 4, 4  # groups per iteration, samples per group
-ITERS = 12
+ITERS = 48  # long enough that the run outlasts the faults below (the trainer takes ~1 s an iteration here)
 LEASE_S = 10  # short leases: a dead worker's rows come back within seconds
 OUTAGE_S = 3.0  # how long Redis stays down, so every service sees the outage
 
