@@ -62,6 +62,7 @@ class GenerateConfig:
     trust_remote_code: bool = False  # allow model code from the checkpoint directory
     seed: int = 1234  # random seed
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    tool_call_parser: str = ""  # vLLM's --tool-call-parser (e.g. hermes for Qwen) with auto tool choice on the HTTP API; "": tools off
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -113,7 +114,9 @@ class RLConfig:
     use_remove_padding: bool = False  # pack sequences without padding for logprob/update passes
     use_dynamic_bsz: bool = False  # form micro-batches by token count instead of sample count
     max_packing_token_size: int = 4096  # tokens per packed micro-batch with use_dynamic_bsz
-    max_staleness: int = 0  # AReaL's eta: 0 is synchronous
+    max_staleness: int = 0  # AReaL's eta: rollout runs up to eta versions ahead of the trainer; 0 is synchronous
+    use_decoupled_loss: bool = False  # AReaL's decoupled PPO: clip against the policy before the update, weight by it over the rollout's (behaviour) policy
+    behav_imp_weight_cap: float = 0.0  # decoupled loss: tokens whose behaviour importance weight exceeds it are left out (0: no cap)
     use_tensorboard: bool = True  # write TensorBoard scalars
     actor_resource: ActorResource = field(default_factory=ActorResource)
     # Derived at load as MindSpeed-RL derives them when left unset.
@@ -226,7 +229,7 @@ class DockConfig:
     redis_cluster: bool = False  # redis_url names one node of a Redis Cluster; a run's keys share one hash slot
     socket_timeout_s: float = 30.0  # a Redis call that takes longer fails as Unavailable
     reconnect_timeout_s: float = 60.0  # Redis unreachable: calls retry with backoff this long, then fail as Unavailable
-    capacity_groups: int = 0  # group slots in the pool; 0: GBS, or 2 * GBS under partial rollout
+    capacity_groups: int = 0  # group slots in the pool; 0: (max_staleness + 1) * GBS, one GBS more under partial rollout
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
     claim_poll_s: float = 0.05  # how often a waiting claim asks again
     max_memory_mb: float = 0.0  # a put that would take Redis's used_memory past this is refused (ResourceExhausted); 0: no limit
@@ -289,6 +292,13 @@ class Config:
     def samples_per_iteration(self) -> int:
         """GBS * n: rows the dock holds for one iteration."""
         return self.megatron_training.global_batch_size * self.rl_config.n_samples_per_prompt
+
+    @property
+    def admitted_groups(self) -> int:
+        """Untrained groups the trainer keeps in the dock, AReaL's admission bound: (max_staleness + 1) * GBS,
+        one GBS more under partial rollout (room for the carry-over of unfinished groups)."""
+        rl = self.rl_config
+        return (rl.max_staleness + 1 + (rl.partial_rollout_max_split > 1)) * self.megatron_training.global_batch_size
 
     @property
     def actor_data_parallel_size(self) -> int:
@@ -529,6 +539,11 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "
             f"when overlong_buffer_enable is true, got {rl.overlong_buffer}"
         )
+    if rl.behav_imp_weight_cap and rl.behav_imp_weight_cap <= 1:
+        errors.append(f"rl_config.behav_imp_weight_cap: must be 0 (no cap) or > 1, got {rl.behav_imp_weight_cap!r}")
+    if rl.behav_imp_weight_cap and not rl.use_decoupled_loss:
+        errors.append("rl_config.behav_imp_weight_cap: caps the decoupled loss's behaviour weight; set rl_config.use_decoupled_loss: true "
+                      "or leave it 0")
     if rl.clip_higher_enable and rl.clip_ratio_high < rl.clip_ratio_low:
         errors.append(f"rl_config.clip_ratio_high: {rl.clip_ratio_high} < clip_ratio_low {rl.clip_ratio_low}")
     if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
@@ -551,10 +566,11 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                 f"rl_config.mini_batch_size: {rl.mini_batch_size} is not a multiple of micro_batch_size * "
                 f"data-parallel size = {mt.micro_batch_size * cfg.actor_data_parallel_size}"
             )
-    if cfg.dock.capacity_groups and cfg.dock.capacity_groups < mt.global_batch_size:
+    admitted_groups = (rl.max_staleness + 1) * mt.global_batch_size  # without the partial-rollout carry-over, which may wait
+    if cfg.dock.capacity_groups and cfg.dock.capacity_groups < admitted_groups:
         errors.append(
-            f"dock.capacity_groups: {cfg.dock.capacity_groups} < megatron_training.global_batch_size "
-            f"{mt.global_batch_size}; the pool must hold one iteration (or 0 for the default)"
+            f"dock.capacity_groups: {cfg.dock.capacity_groups} < (rl_config.max_staleness + 1) * megatron_training.global_batch_size "
+            f"= {admitted_groups}; the pool must hold the groups the trainer admits (or 0 for the default)"
         )
     _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)

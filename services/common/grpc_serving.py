@@ -1,18 +1,26 @@
-"""Starting a synchronous gRPC server the same way everywhere: bind, start, report SERVING."""
+"""Starting a gRPC server the same way everywhere: health and reflection, bind, start, report SERVING."""
 from __future__ import annotations
 
 import socket
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+
+def add_reflection(server: grpc.Server | grpc.aio.Server, service_name: str) -> None:
+    """Server reflection (grpc.reflection.v1alpha) over `service_name`, health and itself, so that
+    grpcurl and other generic clients list and call the services without the .proto files."""
+    reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
 
 def start_with_health(server: grpc.Server, host: str, port: int, service_name: str, what: str) -> tuple[int, health.HealthServicer]:
-    """Adds grpc.health.v1, binds host:port (0: a free port), starts, and marks the server and
-    `service_name` SERVING; returns the bound port and the health servicer. `what` names the
-    config key for the bind error."""
+    """Adds grpc.health.v1 and reflection, binds host:port (0: a free port), starts, and marks the
+    server and `service_name` SERVING; returns the bound port and the health servicer. `what`
+    names the config key for the bind error."""
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    add_reflection(server, service_name)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"{what}: cannot bind {host}:{port}")

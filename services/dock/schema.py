@@ -128,12 +128,11 @@ class DockLayout:
 
     @classmethod
     def from_config(cls, cfg: Config, columns: tuple[ColumnSpec, ...] = DEFAULT_COLUMNS) -> DockLayout:
-        """The layout a run's config implies: GBS groups, or 2 * GBS under partial rollout (room for carry-over)."""
-        rl, gbs = cfg.rl_config, cfg.megatron_training.global_batch_size
-        default_capacity = 2 * gbs if rl.partial_rollout_max_split > 1 else gbs
+        """The layout a run's config implies: room for the groups the trainer admits (Config.admitted_groups)."""
+        rl = cfg.rl_config
         return cls(
             n_samples_per_prompt=rl.n_samples_per_prompt,
-            capacity_groups=cfg.dock.capacity_groups or default_capacity,
+            capacity_groups=cfg.dock.capacity_groups or cfg.admitted_groups,
             columns=columns,
             guarantee_order=rl.guarantee_order,
             partial_rollout_max_split=rl.partial_rollout_max_split,

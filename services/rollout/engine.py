@@ -131,6 +131,8 @@ def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse
         argv.append("--enforce-eager")
     if gen.trust_remote_code:
         argv.append("--trust-remote-code")
+    if gen.tool_call_parser:  # vLLM checks the name, and that the tokenizer has the parser's tokens, at start
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", gen.tool_call_parser]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     validate_parsed_serve_args(args)
     return args

@@ -7,6 +7,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from services.common.auth import AsyncTokenInterceptor
 from services.common.errors import DockrlError, InvalidArgument, grpc_abort_async
 from services.common.grpc_decode import AsyncDecodeErrorInterceptor
+from services.common.grpc_serving import add_reflection
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.rollout.chain import MAX_MESSAGE_BYTES
 from services.rollout.engine import RolloutEngine
@@ -121,6 +122,7 @@ async def start_grpc_server(
     rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(engine, receiver), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    add_reflection(server, SERVICE)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     for name in ("", SERVICE):

@@ -1,8 +1,10 @@
 """The iteration driver: the trainer's loop over the whole system.
 
 Each iteration:
-  1. put GBS prompts (n rows each) into the dock's free group slots
-  2. wait for GBS complete, scored groups (rollout and reward workers pull from the dock)
+  1. admit prompts (n rows each) into the dock's free group slots, up to (max_staleness + 1) * GBS
+     untrained groups: GBS per iteration when synchronous, the next iterations' ahead with eta >= 1
+  2. wait for GBS complete, scored groups (rollout and reward workers pull from the dock); drop
+     groups with a token older than version - max_staleness
   3. log-probs (old: skipped when it equals the current policy; reference when KL is on)
   4. group_norm advantages, then the policy update
   5. push the new weights to every live rollout replica; record the step's metrics
@@ -110,8 +112,11 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 if leader:
                     dock.set_policy_version(session.version)
                     sync.push_to_stale(weights, session.version)  # replicas that joined since the last push
-                    batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg,
+                    stale_before = accounting.rows_stale
+                    batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg, session.version,
+                                                                groups_left=(mt.train_iters - step + 1) * mt.global_batch_size,
                                                                 on_wait=lambda s: sync.push_to_stale(weights, session.version))
+                    sampling_metrics["policy_lag/stale_rows_dropped"] = accounting.rows_stale - stale_before
                 batch = session.broadcast(batch)
                 t_rollout = time.perf_counter()
                 session.control.set_state("train")

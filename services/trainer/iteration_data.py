@@ -1,8 +1,11 @@
 """The driver's side of the dock: an iteration's prompts in, its scored groups out.
 
-The trainer puts GBS prompts (n rows each) into the free group slots, then claims complete,
-scored groups as the `actor_train` consumer until it holds GBS of them. Rollout and reward
-workers do everything in between, pulling from the dock.
+The trainer keeps (max_staleness + 1) * GBS untrained groups in the dock (AReaL's admission
+rule: accepted + running < (eta + version + 1) * GBS; with eta = 0, GBS prompts per iteration),
+then claims complete, scored groups as the `actor_train` consumer until it holds GBS of them.
+Rollout and reward workers do everything in between, pulling from the dock, so with eta >= 1 the
+next iterations' rollout runs while the trainer updates and pushes. A group whose oldest token is
+older than version - eta is never trained: it is dropped and counted.
 """
 from __future__ import annotations
 
@@ -76,6 +79,7 @@ class RunAccounting:
     rows_trained: int = 0
     rows_resumed: int = 0  # trained rows whose group went through more than one rollout round (partial rollout)
     rows_dropped: int = 0  # rows of groups dynamic sampling dropped (every sample scored the same)
+    rows_stale: int = 0  # rows of groups dropped unseen: a token older than version - max_staleness
 
     def record_put(self, prompts: int, n: int) -> None:
         self.prompts_put += prompts
@@ -97,7 +101,7 @@ class RunAccounting:
 
     def in_flight(self) -> int:
         """Rows put but neither trained nor dropped yet (still in the dock: rollout, reward or carried over)."""
-        return self.rows_put - self.rows_trained - self.rows_dropped
+        return self.rows_put - self.rows_trained - self.rows_dropped - self.rows_stale
 
 
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
@@ -122,18 +126,40 @@ def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> l
     return rows
 
 
-def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wait=None) -> ScoredBatch:
+def drop_stale_groups(dock: Dock, claim: Claim, n: int, min_version: int) -> tuple[Claim | None, int]:
+    """Acks (so the dock retires) the claimed groups holding a token older than `min_version`;
+    returns the claim of the other rows (None when none is left) and the number of rows dropped."""
+    stale_groups = {index // n for index, versions in zip(claim.indexes, claim.columns["versions"])
+                    if versions is not None and len(versions) and int(np.min(versions)) < min_version}
+    if not stale_groups:
+        return claim, 0
+    stale = [i for i, index in enumerate(claim.indexes) if index // n in stale_groups]
+    dock.ack(claim.lease, [claim.indexes[i] for i in stale])
+    fresh = [i for i in range(len(claim.indexes)) if claim.indexes[i] // n not in stale_groups]
+    if not fresh:
+        return None, len(stale)
+    return Claim(claim.lease, [claim.indexes[i] for i in fresh], [claim.ages[i] for i in fresh],
+                 {name: [values[i] for i in fresh] for name, values in claim.columns.items()}), len(stale)
+
+
+def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wait=None,
+                          min_version: int | None = None, on_stale=None) -> ScoredBatch:
     """Claims complete, scored groups until `rows_wanted` rows are held; raises Unavailable on timeout.
 
     `on_wait(seconds_waited)` is called about once a second while nothing new arrives (progress logs).
     The groups already held are renewed while waiting: the wait for the rest (e.g. rows of a dead
-    worker coming back after their lease) may outlast the lease on the first ones.
+    worker coming back after their lease) may outlast the lease on the first ones. With
+    `min_version`, groups holding an older token are dropped, and `on_stale(rows)` is told how many.
     """
     batch = ScoredBatch.empty()
     n = dock.layout.n_samples_per_prompt
     start = last_note = time.monotonic()
     while len(batch) < rows_wanted:
         claim = dock.claim(TRAIN_CONSUMER, TRAIN_COLUMNS, count=rows_wanted - len(batch), group=True, min_count=n, timeout_s=1.0)
+        if claim is not None and min_version is not None:
+            claim, stale_rows = drop_stale_groups(dock, claim, n, min_version)
+            if stale_rows and on_stale is not None:
+                on_stale(stale_rows)
         if claim is not None:
             batch.extend(claim)
             continue
@@ -151,23 +177,43 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
     return batch
 
 
-def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, on_wait=None) -> tuple[ScoredBatch, dict[str, float]]:
-    """One iteration's training batch: GBS groups in, GBS scored groups out.
+def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, version: int, groups_left: int | None = None,
+                      on_wait=None) -> tuple[ScoredBatch, dict[str, float]]:
+    """One iteration's training batch: prompts admitted up to the staleness bound, GBS scored groups out.
 
-    With DAPO's dynamic sampling (rl_config.filter_groups_enable), groups whose samples all scored
-    the same are dropped and more prompts are drawn, up to filter_groups_max_batches rounds.
+    `version` is the policy version this iteration trains; `groups_left` the groups the run's
+    remaining iterations train (no prompt is admitted past them). With DAPO's dynamic sampling
+    (rl_config.filter_groups_enable), groups whose samples all scored the same are dropped and more
+    prompts are drawn, up to filter_groups_max_batches rounds.
     """
     from services.trainer.dynamic_sampling import DynamicSampler
 
     rl, gbs = cfg.rl_config, cfg.megatron_training.global_batch_size
-    n = rl.n_samples_per_prompt
+    n, eta = rl.n_samples_per_prompt, rl.max_staleness
+    bound = cfg.admitted_groups
+    if eta and groups_left is not None:  # (eta = 0 stays the synchronous loop as it was, carry-over room included)
+        bound = max(gbs, min(bound, groups_left))
+    # Under partial rollout, rollout stops at the target of complete groups; with eta >= 1 every admitted group may complete.
+    target = gbs if eta == 0 else min(bound, (eta + 1) * gbs)
+    min_version = version - eta if eta else None  # synchronous: every token is the current version's (replicas wait for it)
 
-    def one_round() -> ScoredBatch:
-        groups = dock.begin_iteration(gbs)
-        if groups:  # none free: the pool is full of groups carried over (e.g. from before a trainer restart)
+    def admit() -> None:
+        """Retires what was trained or dropped and fills free slots up to the bound."""
+        free = dock.begin_iteration(target)
+        live = dock.layout.capacity_groups - len(free)
+        groups = free[: max(0, bound - live)]
+        if groups:  # none: the pool is full of groups carried over (e.g. from before a trainer restart) or admitted ahead
             put_prompts(dock, groups, stream.take(len(groups)))
             accounting.record_put(len(groups), n)
-        batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s, on_wait=on_wait)
+
+    def dropped_stale(rows: int) -> None:
+        accounting.rows_stale += rows
+        admit()  # their slots take fresh prompts, or the wait for GBS fresh groups could never end
+
+    def one_round() -> ScoredBatch:
+        admit()
+        batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s, on_wait=on_wait,
+                                      min_version=min_version, on_stale=dropped_stale)
         accounting.record_collected(batch, n)
         return batch
 

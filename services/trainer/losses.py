@@ -1,4 +1,4 @@
-"""Policy and value losses: PPO clip, DAPO clip-higher, dual-clip, entropy bonus, clipped critic loss."""
+"""Policy and value losses: PPO clip, DAPO clip-higher, dual-clip, AReaL's decoupled objective, entropy bonus, clipped critic loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,12 +18,15 @@ class PolicyLossConfig:
     token_level_loss: bool = True  # mean over all tokens (DAPO) vs mean of per-sequence means
     entropy_coeff: float = 0.0
     kl_coef: float = 0.0  # KL-in-loss coefficient (0: no KL term)
+    decoupled: bool = False  # weight each token by pi_prox / pi_behaviour (AReaL's decoupled PPO)
+    behav_imp_weight_cap: float = 0.0  # tokens whose weight exceeds it are left out (0: no cap)
 
     @classmethod
     def from_rl_config(cls, rl, kl_coef: float) -> "PolicyLossConfig":
         """clip_ratio for both bounds unless clip_higher_enable, as MindSpeed-RL reads it."""
         low, high = (rl.clip_ratio_low, rl.clip_ratio_high) if rl.clip_higher_enable else (rl.clip_ratio, rl.clip_ratio)
-        return cls(low, high, rl.clip_ratio_c, rl.token_level_loss, rl.entropy_coeff, kl_coef)
+        return cls(low, high, rl.clip_ratio_c, rl.token_level_loss, rl.entropy_coeff, kl_coef, rl.use_decoupled_loss,
+                   rl.behav_imp_weight_cap)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class PolicyLoss:
     ppo_kl: torch.Tensor
     entropy: torch.Tensor
     kl: torch.Tensor
+    behav_clipfrac: torch.Tensor  # share of tokens the behaviour-weight cap left out (decoupled loss)
+    behav_imp_weight: torch.Tensor  # mean behaviour importance weight over the tokens kept
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, token_level: bool) -> torch.Tensor:
@@ -48,12 +53,18 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, token_level: bool) -> to
 
 def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                 cfg: PolicyLossConfig, entropy: torch.Tensor | None = None,
-                kl: torch.Tensor | None = None) -> PolicyLoss:
+                kl: torch.Tensor | None = None, behaviour_logprob: torch.Tensor | None = None) -> PolicyLoss:
     """Clipped surrogate loss with dual-clip, plus -entropy_coeff * entropy and + kl_coef * kl.
 
     All tensors [B, L]; `kl` is a per-token estimate (services.trainer.kl). pg_clipfrac is the
     fraction of tokens where the clipped term is the one taken; pg_clipfrac_lower the fraction
     with negative advantage where the dual-clip bound is taken.
+
+    With cfg.decoupled, `old_logprob` is the proximal policy (the policy before this update) and
+    `behaviour_logprob` the policy that generated the tokens (the rollout's log-probs): the ratio is
+    clipped against the proximal policy and each token's term is weighted by the behaviour
+    importance weight pi_prox / pi_behaviour, a constant; tokens whose weight exceeds
+    cfg.behav_imp_weight_cap are left out of the loss (they keep their place in its denominator).
     """
     log_ratio = logprob - old_logprob
     ratio = log_ratio.exp()
@@ -67,12 +78,24 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
     negative = advantages < 0
     pg_clipfrac_lower = masked_mean(((clip_max > dual_bound) & negative).float(), mask)
     per_token = torch.where(negative, dual, clip_max)
+    zero = per_token.new_zeros(())
+    behav_clipfrac, behav_weight_mean = zero, per_token.new_ones(())
+    if cfg.decoupled:
+        if behaviour_logprob is None:
+            raise ValueError("rl_config.use_decoupled_loss: the batch has no rollout (behaviour) log-probs")
+        # exp of 0 off the mask: padding positions hold no log-prob worth exponentiating
+        weight = torch.where(mask > 0, old_logprob - behaviour_logprob, torch.zeros_like(old_logprob)).detach().exp()
+        kept = torch.ones_like(weight, dtype=torch.bool) if not cfg.behav_imp_weight_cap else weight <= cfg.behav_imp_weight_cap
+        behav_clipfrac = masked_mean((~kept).float(), mask)
+        kept_mask = mask * kept
+        behav_weight_mean = masked_mean(weight, kept_mask) if kept_mask.sum() > 0 else zero
+        per_token = per_token * torch.where(kept, weight, torch.zeros_like(weight))
     pg_loss = aggregate(per_token, mask, cfg.token_level_loss)
-    zero = pg_loss.new_zeros(())
     ent = aggregate(entropy, mask, cfg.token_level_loss) if entropy is not None else zero
     kl_mean = aggregate(kl, mask, cfg.token_level_loss) if kl is not None else zero
     loss = pg_loss - cfg.entropy_coeff * ent + cfg.kl_coef * kl_mean
-    return PolicyLoss(loss, pg_loss.detach(), pg_clipfrac, pg_clipfrac_lower, ppo_kl.detach(), ent.detach(), kl_mean.detach())
+    return PolicyLoss(loss, pg_loss.detach(), pg_clipfrac, pg_clipfrac_lower, ppo_kl.detach(), ent.detach(), kl_mean.detach(),
+                      behav_clipfrac, behav_weight_mean)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

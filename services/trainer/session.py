@@ -36,19 +36,33 @@ def _world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
+def rollout_logprob_matrix(batch: ScoredBatch, mask: torch.Tensor) -> torch.Tensor:
+    """The rollout's (behaviour policy's) log-prob of each response token, [B, L] like `mask`, 0 past each response."""
+    rollout = torch.zeros(mask.shape, dtype=torch.float32)
+    for i, lp in enumerate(batch.rollout_logprobs):
+        rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)], dtype=torch.float32)
+    return rollout
+
+
 def rollout_agreement(trainer_logprobs: torch.Tensor, batch: ScoredBatch, mask: torch.Tensor, version: int) -> dict[str, float]:
-    """train_rollout_logprob_diff (mean |trainer - rollout| log-prob) over the tokens the current weights generated.
+    """train_rollout_logprob_diff (mean |trainer - rollout| log-prob) over the samples the current weights generated whole.
 
     `trainer_logprobs` [B, L] are the current policy's (before the update), `mask` [B, L] marks
-    response tokens; older tokens (partial rollout) are off-policy by design and only counted.
+    response tokens; older tokens (partial rollout, max_staleness) are off-policy by design and only
+    counted. A sample whose first tokens came from older weights is left out of the diff: its later
+    tokens were computed on the older weights' KV cache (a push does not stop generation), so only
+    a sample generated whole by one version can be recomputed exactly.
     """
-    rollout = torch.zeros_like(trainer_logprobs)
+    rollout = rollout_logprob_matrix(batch, mask)
     current = torch.zeros_like(trainer_logprobs)  # 1 on tokens the current weights generated
-    for i, (lp, versions) in enumerate(zip(batch.rollout_logprobs, batch.versions)):
-        rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)])
-        current[i, : len(versions)] = (torch.tensor(versions[: current.size(1)]) == version).float()
-    same = mask * current
-    metrics = {"rollout/off_policy_token_fraction": float(1 - same.sum() / mask.sum())}
+    whole = torch.zeros_like(trainer_logprobs)  # 1 on every token of samples generated whole by the current weights
+    for i, versions in enumerate(batch.versions):
+        tagged = torch.tensor(versions[: current.size(1)])
+        current[i, : len(tagged)] = (tagged == version).float()
+        if len(tagged) and bool((tagged == version).all()):
+            whole[i, : len(tagged)] = 1.0
+    metrics = {"rollout/off_policy_token_fraction": float(1 - (mask * current).sum() / mask.sum())}
+    same = mask * whole
     if same.sum() > 0:
         metrics["train_rollout_logprob_diff"] = float(masked_mean((trainer_logprobs - rollout).abs(), same))
     return metrics
@@ -160,8 +174,9 @@ class TrainerSession:
                 ref_logprobs = None  # the KL is in the reward already, not in the loss
         else:
             advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
+        behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
         out = update_policy(self.model, self.optimizer, self.scheduler,
-                            TrainBatch(samples, advantages, old_logprobs, ref_logprobs), self.update_cfg, step)
+                            TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), self.update_cfg, step)
         metrics.update({f"actor/{k}": v for k, v in out.metrics.as_dict().items()})
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))

@@ -53,6 +53,7 @@ class TrainBatch:
     advantages: torch.Tensor
     old_logprobs: torch.Tensor | None = None  # None: computed here, or skipped when equal to the current policy
     ref_logprobs: torch.Tensor | None = None  # None: no KL term
+    behaviour_logprobs: torch.Tensor | None = None  # the rollout's log-probs; the decoupled loss weights by them
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class UpdateMetrics:
     ppo_kl: float
     entropy: float
     kl: float
+    behav_clipfrac: float  # decoupled loss: share of tokens its behaviour-weight cap left out
+    behav_imp_weight: float  # decoupled loss: mean pi_prox / pi_behaviour over the tokens kept (1 without it)
     grad_norm: float
     lr: float
     optimizer_steps: int
@@ -170,7 +173,7 @@ def mini_batch_order(num_samples: int, mini_batch_size: int, shuffle: bool, seed
     return list(order.split(mini_batch_size))
 
 
-LOSS_METRICS = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl")
+LOSS_METRICS = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl", "behav_clipfrac", "behav_imp_weight")
 
 
 def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateConfig, step: int = 0) -> UpdateResult:
@@ -200,8 +203,9 @@ def update_policy(model, optimizer, scheduler, batch: TrainBatch, cfg: UpdateCon
                 kl = None
                 if batch.ref_logprobs is not None and cfg.loss.kl_coef:
                     kl = kl_penalty(logp, batch.ref_logprobs[index, :width].to(logp.device), cfg.kl_penalty)
+                behaviour = batch.behaviour_logprobs[index, :width].to(logp.device) if batch.behaviour_logprobs is not None else None
                 out = policy_loss(logp, old, batch.advantages[index, :width].to(logp.device), part_mask, cfg.loss,
-                                  entropy=entropy, kl=kl)
+                                  entropy=entropy, kl=kl, behaviour_logprob=behaviour)
                 # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
                 weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level_loss else len(index) / len(mini)
                 loss_totals.add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * float(weight))

@@ -65,7 +65,8 @@ def shared_servers(request) -> Servers:
         model_dir = build_tiny_model(work / "model")
         env = {"OMP_NUM_THREADS": "1"}  # two replicas and the test share two cores
         pending = [
-            spawn_replica(model_dir, work, "a", OVERRIDES, "tiny", env),
+            # a: tool calling on (vLLM's hermes parser: the tiny tokenizer has what it needs); b: off
+            spawn_replica(model_dir, work, "a", OVERRIDES + ("generate_config.tool_call_parser=hermes",), "tiny", env),
             spawn_replica(model_dir, work, "b", OVERRIDES + DOCK_OVERRIDES, "tiny", env, extra_args=("--dock", REDIS_URL)),
         ]
         started = [p.wait() for p in pending]

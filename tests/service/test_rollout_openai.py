@@ -111,6 +111,26 @@ def test_json_schema_response_format_holds_the_output_to_the_schema(client):
     assert json.loads(formatted.choices[0].message.content)["op"] in ("add", "sub")
 
 
+def test_tools_named_and_auto_with_a_tool_call_parser_and_refused_without(client, servers):
+    """`tools` through the openai client. Replica a sets generate_config.tool_call_parser (hermes): a named
+    `tool_choice` comes back as a tool call of that function (what the random tiny model writes as its
+    arguments is its own), and `auto` is served. Replica b sets none: vLLM refuses the tools request and
+    names the missing flag."""
+    tool = {"type": "function", "function": {"name": "calculate", "description": "Evaluates one operation",
+                                             "parameters": {"type": "object", "properties": {"op": {"type": "string", "enum": ["add", "sub"]}},
+                                                            "required": ["op"], "additionalProperties": False}}}
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "1+2="}], "tools": [tool]}
+    answer = client.chat.completions.create(**ask, max_tokens=100, temperature=1, seed=1,
+                                            tool_choice={"type": "function", "function": {"name": "calculate"}})
+    call = answer.choices[0].message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "calculate" and isinstance(call.function.arguments, str)
+    auto = client.chat.completions.create(**ask, max_tokens=8, tool_choice="auto")
+    assert auto.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    without = openai.OpenAI(base_url=f"{servers.b.http_base}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="tool-call-parser"):
+        without.chat.completions.create(**ask, max_tokens=8, tool_choice="auto")
+
+
 def test_vllm_routes_tokenize_detokenize_version(servers):
     base = servers.a.http_base
     tokens = httpx.post(f"{base}/tokenize", json={"model": "tiny", "prompt": "Hello"}, timeout=30).json()

@@ -80,6 +80,11 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2}, "rollout": {"grpc_port": 70000}}, r"rollout\.grpc_port: 70000 is not a TCP port"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"warm_start_boxed_fraction": 1.5}},
      r"init_model\.warm_start_boxed_fraction: must be a share in \[0, 1\], got 1\.5"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "use_decoupled_loss": True, "behav_imp_weight_cap": 0.5}},
+     r"rl_config\.behav_imp_weight_cap: must be 0 \(no cap\) or > 1, got 0\.5"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "behav_imp_weight_cap": 5.0}},
+     r"rl_config\.behav_imp_weight_cap: caps the decoupled loss's behaviour weight; set rl_config\.use_decoupled_loss"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "max_staleness": -1}}, r"rl_config\.max_staleness: must be >= 0, got -1"),
 ])
 def test_bad_config_names_the_key(data, match):
     with pytest.raises(ConfigError, match=match):

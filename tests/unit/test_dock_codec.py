@@ -80,6 +80,11 @@ def test_layout_from_config_leaves_room_for_partial_rollout():
     assert DockLayout.from_config(config_from_dict(base)).capacity_groups == 8
     partial = config_from_dict({**base, "rl_config": {"n_samples_per_prompt": 4, "partial_rollout_max_split": 2}})
     assert DockLayout.from_config(partial).capacity_groups == 16
+    # Asynchronous (max_staleness eta): the trainer admits (eta + 1) * GBS groups ahead, plus the carry-over.
+    ahead = config_from_dict({**base, "rl_config": {"n_samples_per_prompt": 4, "max_staleness": 2}})
+    assert DockLayout.from_config(ahead).capacity_groups == 24
+    ahead_partial = config_from_dict({**base, "rl_config": {"n_samples_per_prompt": 4, "max_staleness": 1, "partial_rollout_max_split": 2}})
+    assert DockLayout.from_config(ahead_partial).capacity_groups == 24
     sized = config_from_dict({**base, "dock": {"capacity_groups": 12}})
     assert DockLayout.from_config(sized).capacity_groups == 12
     layout = DockLayout.from_config(config_from_dict({**base, "rl_config": {"n_samples_per_prompt": 4, "actor_rollout_dispatch_size": 8}}))
@@ -88,8 +93,10 @@ def test_layout_from_config_leaves_room_for_partial_rollout():
 
 
 def test_config_rejects_bad_dock_keys():
-    with pytest.raises(ConfigError, match="dock.capacity_groups: 4 < megatron_training.global_batch_size 8"):
+    with pytest.raises(ConfigError, match=r"dock.capacity_groups: 4 < \(rl_config.max_staleness \+ 1\) \* megatron_training.global_batch_size = 8"):
         config_from_dict({"megatron_training": {"global_batch_size": 8}, "dock": {"capacity_groups": 4}})
+    with pytest.raises(ConfigError, match=r"dock.capacity_groups: 12 < .* = 16; the pool must hold the groups the trainer admits"):
+        config_from_dict({"megatron_training": {"global_batch_size": 8}, "rl_config": {"max_staleness": 1}, "dock": {"capacity_groups": 12}})
     with pytest.raises(ConfigError, match="dock.run_id: 'a:b' must be non-empty without ':'"):
         config_from_dict({"dock": {"run_id": "a:b"}})
 

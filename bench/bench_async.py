@@ -1,0 +1,123 @@
+"""Asynchronous RL: trained samples/s at rl_config.max_staleness (eta) 0, 1 and 2, and what the
+overlap would give when rollout and trainer have their own devices.
+
+Each run is `dockrl up` on the tiny CPU config (real Redis, a vLLM rollout replica, a reward
+replica, the megatron-core trainer), without the warm start, so that the untrained model's
+response lengths spread up to max_tokens (a long tail, as bench_partial_rollout's), and without
+evaluations. Trained samples/s = GBS * n * iterations / their summed iteration time, the first
+--skip iterations left out, and the last max(eta) too: admission stops at the run's last
+iteration, so an eta run's last eta iterations train groups generated earlier without generating
+any (at the start the backlog costs its time inside the measured iterations, as it would in a
+long run). The runs are interleaved (eta 0, 1, 2, then again) and the medians
+compared with eta 0; the issue's goal is eta 1 >= 1.3x eta 0 on this 2-core machine.
+
+The model: from the eta 0 run's stage medians (R: the trainer waiting for scored groups, i.e.
+rollout + reward; T: train; S: weight push), a synchronous iteration costs R + T + S and, with
+rollout and trainer on devices of their own and eta >= 1, max(R, T + S): rollout of the next
+batch overlaps the update and the push. Its prediction is printed beside the measured speedup;
+here both sides share two cores, so the overlap cannot add compute, only fill idle time.
+Interruptible partial rollout is not built (docs/trainer.md), so there is no "with interruption" column.
+
+    python bench/bench_async.py --quick     # 6 iterations, one repetition (CI)
+    python bench/bench_async.py             # 16 iterations, 3 repetitions
+"""
+from __future__ import annotations
+
+import sys
+
+from bench_e2e import run_up
+from common import machine_line, median, parser, progress, ratio, work_dir
+
+ETAS = (0, 1, 2)
+GOAL = 1.3
+AREAL_REPORTED = 2.77  # AReaL's paper: its asynchronous system over a synchronous one, same GPUs
+
+
+def trained_samples_per_s(records: list[dict], samples_per_iteration: int) -> float:
+    """Samples trained over the summed time of the iterations measured."""
+    return samples_per_iteration * len(records) / sum(r["timing/iteration_s"] for r in records)
+
+
+TIMELINE_STAGES = (("waiting for scored groups", "timing/rollout_and_reward_s", "tab:orange"),
+                   ("train", "timing/train_s", "tab:blue"), ("weight push", "timing/weight_sync_s", "tab:green"))
+
+
+def draw_timeline(runs: dict[str, list[dict]], path, iterations: int = 8) -> None:
+    """The trainer's iterations laid end to end, one row per run, each split into its stages (from the
+    run's own timing metrics): with eta >= 1 the wait for scored groups shrinks, since rollout ran during
+    the previous update and push."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 1.4 + 0.6 * len(runs)))
+    for row, (label, records) in enumerate(runs.items()):
+        start = 0.0
+        for record in records[:iterations]:
+            for stage, key, color in TIMELINE_STAGES:
+                ax.barh(row, record[key], left=start, color=color, edgecolor="white", linewidth=0.5)
+                start += record[key]
+    ax.set_yticks(range(len(runs)), list(runs))
+    ax.invert_yaxis()
+    ax.set_xlabel(f"seconds (first {iterations} measured iterations of each run)")
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in TIMELINE_STAGES],
+              labels=[s for s, _, _ in TIMELINE_STAGES], loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.set_title("trainer timeline: synchronous vs asynchronous (rl_config.max_staleness)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    p = parser(__doc__, "6 iterations (the first and the last two left out), one repetition (CI)")
+    p.add_argument("--iters", type=int, default=None, help="GRPO iterations per run (default 16; --quick 6)")
+    p.add_argument("--skip", type=int, default=None, help="first iterations left out (default 2; --quick 1)")
+    args = p.parse_args()
+    iters = args.iters or (6 if args.quick else 16)
+    skip = args.skip if args.skip is not None else (1 if args.quick else 2)
+    reps = args.reps or (1 if args.quick else 3)
+    if iters <= skip + max(ETAS):
+        p.error(f"--iters must be more than --skip ({skip}) + {max(ETAS)}")
+
+    from services.common.config import load_config
+
+    root = work_dir("async")
+    rates: dict[int, list[float]] = {eta: [] for eta in ETAS}
+    sync_records: list[dict] = []
+    last_records: dict[str, list[dict]] = {}
+    samples = 0
+    for rep in range(reps):
+        for eta in ETAS:
+            work = root / f"eta{eta}-rep{rep}"
+            records = run_up(work, iters, [f"rl_config.max_staleness={eta}"])[skip:iters - max(ETAS)]
+            cfg = load_config(str(work / "logs/config.yaml"))
+            samples = cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
+            rates[eta].append(trained_samples_per_s(records, samples))
+            lag = max(r["policy_lag/max"] for r in records)
+            progress(f"rep {rep + 1}/{reps} eta {eta}: {rates[eta][-1]:.1f} trained samples/s, policy lag max {lag:.0f}")
+            last_records[f"eta {eta}"] = records
+            if eta == 0:
+                sync_records += records
+    print(machine_line())
+    print(f"{iters} iterations a run (first {skip} and last {max(ETAS)} left out), {samples} samples an iteration, {reps} repetitions")
+    print(f"{'eta':<6}{'samples/s (median)':>20}")
+    for eta in ETAS:
+        print(f"{eta:<6}{median(rates[eta]):>20.1f}")
+    for eta in ETAS[1:]:
+        ratio(f"trained samples/s eta {eta} / eta 0", median(rates[eta]) / median(rates[0]), at_least=GOAL if eta == 1 else None)
+    rollout_s, train_s, push_s = (median([r[key] for r in sync_records]) for key in
+                                  ("timing/rollout_and_reward_s", "timing/train_s", "timing/weight_sync_s"))
+    predicted = (rollout_s + train_s + push_s) / max(rollout_s, train_s + push_s)
+    print(f"eta 0 stages (median s): rollout + reward {rollout_s:.3f}, train {train_s:.3f}, weight push {push_s:.3f}")
+    ratio("predicted eta >= 1 / eta 0 with rollout and trainer on their own devices", predicted)
+    timeline = root / "async_timeline.png"
+    draw_timeline(last_records, timeline)
+    print(f"timeline of the last repetition's runs: {timeline}")
+    print(f"AReaL reports {AREAL_REPORTED}x over a synchronous system; it adds interruptible generation and a "
+          "rollout fleet several times the trainer's, where this model has one replica and the tiny job's stages.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
