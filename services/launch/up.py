@@ -2,8 +2,10 @@
 
 1. prepare what the config needs (tiny model, data, warm start)
 2. start redis-server when `dock.redis_url` is empty
-3. start rollout replicas and reward replicas, wait until each answers health checks
-4. start the trainer and show one progress bar fed by its metrics log
+3. start rollout replicas, reward replicas and the trainer together (the trainer's imports and
+   model build overlap vLLM's start; it waits for a replica in the dock's registry itself), and
+   wait until each replica answers health checks
+4. show one progress bar fed by the trainer's metrics log
 5. on Ctrl-C, a failed service or the trainer's end: stop every process (no orphans)
 """
 from __future__ import annotations
@@ -67,8 +69,10 @@ def _print_summary(log_dir: pathlib.Path) -> None:
         if before is not None and after is not None:
             print(f"accuracy on {sizes.get(key)} {what}: before {before:.1%} -> after {after:.1%} ({(after - before) * 100:+.1f} points)")
     acc = summary.get("accounting", {})
+    unused = "".join(f", {acc[key]} {what}" for key, what in (("rows_stale", "dropped as stale (max_staleness)"),
+                                                                ("rows_failed", "dropped as failed by rollout")) if acc.get(key))
     print(f"{summary.get('steps')} iterations, {acc.get('rows_trained')} samples trained, {acc.get('rows_dropped')} dropped by "
-          f"dynamic sampling; curves: {log_dir / 'curves.png'}, metrics: {log_dir / 'metrics.jsonl'}")
+          f"dynamic sampling{unused}; curves: {log_dir / 'curves.png'}, metrics: {log_dir / 'metrics.jsonl'}")
 
 
 def up(config_path: str | None, overrides: list[str], resume: bool = False, start_timeout_s: float = 600.0) -> int:
@@ -90,9 +94,14 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
         trainer_spec = specs[-1]
         if resume:
             trainer_spec = type(trainer_spec)(trainer_spec.name, (*trainer_spec.argv, "--resume"), trainer_spec.env)
-        for spec in specs[:-1]:
-            group.start(spec)
-            log_event(logger, "started", service=spec.name, log=str(group.log_dir / f"{spec.name}.log"))
+        metrics_path, offset = log_dir / "metrics.jsonl", 0
+        if metrics_path.exists() and not resume:  # before the trainer starts: it opens the file for appending
+            metrics_path.unlink()
+        services_started = time.monotonic()
+        started = {spec.name: group.start(spec) for spec in (*specs[:-1], trainer_spec)}
+        for name in started:
+            log_event(logger, "started", service=name, log=str(group.log_dir / f"{name}.log"))
+        trainer = started[trainer_spec.name]
         for spec in specs[:-1]:
             address = _wait_ready(group, spec, start_timeout_s)
             if address is None:
@@ -101,21 +110,22 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
                 log_event(logger, "service failed to start", service=name, log_tail=group.log_tail(name))
                 return 1
             log_event(logger, "serving", service=spec.name, address=address)
-        trainer = group.start(trainer_spec)
-        metrics_path, offset = log_dir / "metrics.jsonl", 0
-        if metrics_path.exists() and not resume:
-            metrics_path.unlink()
         rl = cfg.rl_config
         algorithm = "PPO" if rl.adv_estimator == "gae" else "DAPO" if rl.filter_groups_enable or rl.clip_higher_enable else "GRPO"
         columns = (TextColumn(f"[bold]{algorithm}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
         with Progress(*columns) as progress:
             task = progress.add_task("train", total=cfg.megatron_training.train_iters, info="starting")
+            first_step_s = None
             while trainer.poll() is None:
                 failed = group.first_exit()
                 if failed and failed[0].name != "trainer":
                     log_event(logger, "service died", service=failed[0].name, code=failed[1], log_tail=group.log_tail(failed[0].name))
                     return 1
                 records, offset = _follow_metrics(metrics_path, offset)
+                if records and first_step_s is None:
+                    first_step_s = time.monotonic() - services_started
+                    log_event(logger, "first iteration done", seconds_after_services_started=f"{first_step_s:.1f}",
+                              detail="the trainer's 'start-up' log line splits it")
                 for r in records:
                     info = " ".join(f"{k.split('/')[-1]}={r[k]:.3g}" for k in ("reward/mean", "eval/test_accuracy", "timing/iteration_s")
                                     if r.get(k) is not None)

@@ -112,11 +112,12 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 if leader:
                     dock.set_policy_version(session.version)
                     sync.push_to_stale(weights, session.version)  # replicas that joined since the last push
-                    stale_before = accounting.rows_stale
+                    stale_before, failed_before = accounting.rows_stale, accounting.rows_failed
                     batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg, session.version,
                                                                 groups_left=(mt.train_iters - step + 1) * mt.global_batch_size,
                                                                 on_wait=lambda s: sync.push_to_stale(weights, session.version))
                     sampling_metrics["policy_lag/stale_rows_dropped"] = accounting.rows_stale - stale_before
+                    sampling_metrics["rollout/failed_rows_dropped"] = accounting.rows_failed - failed_before
                 batch = session.broadcast(batch)
                 t_rollout = time.perf_counter()
                 session.control.set_state("train")

@@ -9,14 +9,18 @@ older than version - eta is never trained: it is dropped and counted.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from services.common.errors import Unavailable
+from services.common.log import log_event
 from services.common.preprocess import PromptRecord
 from services.dock.client import Claim, Dock
+
+log = logging.getLogger("dockrl.trainer")
 
 TRAIN_CONSUMER = "actor_train"
 TRAIN_COLUMNS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
@@ -80,6 +84,7 @@ class RunAccounting:
     rows_resumed: int = 0  # trained rows whose group went through more than one rollout round (partial rollout)
     rows_dropped: int = 0  # rows of groups dynamic sampling dropped (every sample scored the same)
     rows_stale: int = 0  # rows of groups dropped unseen: a token older than version - max_staleness
+    rows_failed: int = 0  # rows of groups dropped unseen: a row the rollout could not generate
 
     def record_put(self, prompts: int, n: int) -> None:
         self.prompts_put += prompts
@@ -101,7 +106,7 @@ class RunAccounting:
 
     def in_flight(self) -> int:
         """Rows put but neither trained nor dropped yet (still in the dock: rollout, reward or carried over)."""
-        return self.rows_put - self.rows_trained - self.rows_dropped - self.rows_stale
+        return self.rows_put - self.rows_trained - self.rows_dropped - self.rows_stale - self.rows_failed
 
 
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
@@ -126,40 +131,53 @@ def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> l
     return rows
 
 
-def drop_stale_groups(dock: Dock, claim: Claim, n: int, min_version: int) -> tuple[Claim | None, int]:
-    """Acks (so the dock retires) the claimed groups holding a token older than `min_version`;
-    returns the claim of the other rows (None when none is left) and the number of rows dropped."""
-    stale_groups = {index // n for index, versions in zip(claim.indexes, claim.columns["versions"])
-                    if versions is not None and len(versions) and int(np.min(versions)) < min_version}
-    if not stale_groups:
-        return claim, 0
-    stale = [i for i, index in enumerate(claim.indexes) if index // n in stale_groups]
-    dock.ack(claim.lease, [claim.indexes[i] for i in stale])
-    fresh = [i for i in range(len(claim.indexes)) if claim.indexes[i] // n not in stale_groups]
-    if not fresh:
-        return None, len(stale)
-    return Claim(claim.lease, [claim.indexes[i] for i in fresh], [claim.ages[i] for i in fresh],
-                 {name: [values[i] for i in fresh] for name, values in claim.columns.items()}), len(stale)
+def unusable_groups(claim: Claim, n: int, min_version: int | None) -> dict[str, set[int]]:
+    """The claim's groups that must not be trained, by reason: `failed` (a row without a response
+    token: the rollout could not generate it, e.g. a prompt past the engine's context) and `stale`
+    (a token older than `min_version`; None: no bound)."""
+    failed, stale = set(), set()
+    for index, response, versions in zip(claim.indexes, claim.columns["responses"], claim.columns["versions"]):
+        if response is None or len(response) == 0:
+            failed.add(index // n)
+        elif min_version is not None and versions is not None and len(versions) and int(np.min(versions)) < min_version:
+            stale.add(index // n)
+    return {"failed": failed, "stale": stale - failed}
+
+
+def drop_groups(dock: Dock, claim: Claim, n: int, groups: set[int]) -> Claim | None:
+    """Acks (so the dock retires them) the claimed rows of `groups`; returns the claim of the other
+    rows, None when none is left."""
+    if not groups:
+        return claim
+    dock.ack(claim.lease, [index for index in claim.indexes if index // n in groups])
+    kept = [i for i, index in enumerate(claim.indexes) if index // n not in groups]
+    if not kept:
+        return None
+    return Claim(claim.lease, [claim.indexes[i] for i in kept], [claim.ages[i] for i in kept],
+                 {name: [values[i] for i in kept] for name, values in claim.columns.items()})
 
 
 def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wait=None,
-                          min_version: int | None = None, on_stale=None) -> ScoredBatch:
+                          min_version: int | None = None, on_drop=None) -> ScoredBatch:
     """Claims complete, scored groups until `rows_wanted` rows are held; raises Unavailable on timeout.
 
     `on_wait(seconds_waited)` is called about once a second while nothing new arrives (progress logs).
     The groups already held are renewed while waiting: the wait for the rest (e.g. rows of a dead
-    worker coming back after their lease) may outlast the lease on the first ones. With
-    `min_version`, groups holding an older token are dropped, and `on_stale(rows)` is told how many.
+    worker coming back after their lease) may outlast the lease on the first ones. Groups with a
+    failed row, and with `min_version` groups holding an older token, are dropped (never trained);
+    `on_drop(reason, rows)` is told how many rows, for each reason.
     """
     batch = ScoredBatch.empty()
     n = dock.layout.n_samples_per_prompt
     start = last_note = time.monotonic()
     while len(batch) < rows_wanted:
         claim = dock.claim(TRAIN_CONSUMER, TRAIN_COLUMNS, count=rows_wanted - len(batch), group=True, min_count=n, timeout_s=1.0)
-        if claim is not None and min_version is not None:
-            claim, stale_rows = drop_stale_groups(dock, claim, n, min_version)
-            if stale_rows and on_stale is not None:
-                on_stale(stale_rows)
+        if claim is not None:
+            for reason, groups in unusable_groups(claim, n, min_version).items():
+                if groups and claim is not None:
+                    claim = drop_groups(dock, claim, n, groups)
+                    if on_drop is not None:
+                        on_drop(reason, len(groups) * n)
         if claim is not None:
             batch.extend(claim)
             continue
@@ -206,14 +224,19 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
             put_prompts(dock, groups, stream.take(len(groups)))
             accounting.record_put(len(groups), n)
 
-    def dropped_stale(rows: int) -> None:
-        accounting.rows_stale += rows
-        admit()  # their slots take fresh prompts, or the wait for GBS fresh groups could never end
+    def dropped(reason: str, rows: int) -> None:
+        if reason == "stale":
+            accounting.rows_stale += rows
+        else:
+            accounting.rows_failed += rows
+            log_event(log, "failed rows dropped", level=logging.WARNING, rows=rows,
+                      cause="the rollout gave them no token (see the rollout replica's 'row failed' lines)")
+        admit()  # their slots take fresh prompts, or the wait for GBS usable groups could never end
 
     def one_round() -> ScoredBatch:
         admit()
         batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s, on_wait=on_wait,
-                                      min_version=min_version, on_stale=dropped_stale)
+                                      min_version=min_version, on_drop=dropped)
         accounting.record_collected(batch, n)
         return batch
 

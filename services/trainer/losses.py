@@ -8,6 +8,9 @@ import torch
 from services.trainer.masked import masked_mean
 
 
+LOG_RATIO_LIMIT = 20.0
+
+
 @dataclass(frozen=True)
 class PolicyLossConfig:
     """The knobs of the clipped policy loss (rl_config names)."""
@@ -66,7 +69,9 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
     importance weight pi_prox / pi_behaviour, a constant; tokens whose weight exceeds
     cfg.behav_imp_weight_cap are left out of the loss (they keep their place in its denominator).
     """
-    log_ratio = logprob - old_logprob
+    # Clamped before exp: a log-ratio far out (a garbage log-prob, a token the policy has left) would give
+    # inf, and inf times a zero advantage a NaN loss; 20 keeps the ratio finite and well past any clip.
+    log_ratio = (logprob - old_logprob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = log_ratio.exp()
     ppo_kl = masked_mean(-log_ratio, mask)
     unclipped = -advantages * ratio

@@ -78,9 +78,13 @@ class ReplicaSync:
         """One live rollout replica (the first by id), for evaluation calls."""
         return self.wait_for_replicas(timeout_s=60.0)[0]
 
-    def reward_address(self) -> str:
-        """A live reward replica from the registry, else the configured reward address."""
-        live = [r for r in self._registry.live("reward") if r.address != "dock-only"]
+    def reward_address(self, wait_s: float = 60.0) -> str:
+        """A live reward replica from the registry, else the configured reward address. While no reward
+        replica has registered at all (services start together), waits up to `wait_s` for one."""
+        deadline = time.monotonic() + wait_s
+        while not (replicas := self._registry.live("reward")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        live = [r for r in replicas if r.address != "dock-only"]
         if live:
             return live[0].address
         if not self._cfg.reward.grpc_port:

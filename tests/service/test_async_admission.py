@@ -1,8 +1,9 @@
 """The trainer's side of asynchronous RL on a real dock: admission up to (max_staleness + 1) * GBS
-untrained groups, and groups with a token older than version - max_staleness dropped, counted and
-replaced, never trained. A rollout + reward thread stands in for the workers and tags every token
+untrained groups, and groups with a token older than version - max_staleness, or with a row the
+rollout could not generate, dropped, counted and replaced, never trained. A rollout + reward thread stands in for the workers and tags every token
 with the policy version it is told to serve."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,8 +23,10 @@ class Workers:
     """Rollout and reward in one thread: each response is the prompt's first token, every token of
     it tagged with `self.version`."""
 
-    def __init__(self, dock):
+    def __init__(self, dock, fail_rows: set[int] = frozenset()):
         self.dock, self.version, self.stop = dock, 0, threading.Event()
+        self.fail_rows = set(fail_rows)  # these rows get no token, as the rollout worker stores a row it could not generate
+        self.failed_prompts: list[list[int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self):
@@ -38,11 +41,14 @@ class Workers:
         while not self.stop.is_set():
             claim = self.dock.claim("actor_rollout", ["prompts"], N, timeout_s=0.05)
             if claim is not None:
-                responses = [np.array([p[0], 7], np.int32) for p in claim.columns["prompts"]]
+                responses = [np.array([] if i in self.fail_rows else [p[0], 7], np.int32)
+                             for i, p in zip(claim.indexes, claim.columns["prompts"])]
+                self.failed_prompts += [list(p) for i, p in zip(claim.indexes, claim.columns["prompts"]) if i in self.fail_rows]
+                self.fail_rows -= set(claim.indexes)  # once: the slot's next prompt generates
                 self.dock.put(claim.indexes, {
-                    "responses": responses, "response_length": [2] * len(responses),
-                    "rollout_log_probs": [np.full(2, -0.5, np.float32) for _ in responses],
-                    "versions": [np.full(2, self.version, np.int32) for _ in responses]}, lease=claim.lease)
+                    "responses": responses, "response_length": [len(r) for r in responses],
+                    "rollout_log_probs": [np.full(len(r), -0.5, np.float32) for r in responses],
+                    "versions": [np.full(len(r), self.version, np.int32) for r in responses]}, lease=claim.lease)
             claim = self.dock.claim("rule_reward", ["responses"], N, timeout_s=0.05)
             if claim is not None:
                 scores = [float(i % 2) for i in claim.indexes]
@@ -87,6 +93,9 @@ def test_groups_older_than_version_minus_eta_are_dropped_counted_and_replaced(do
     with Workers(dock) as workers:
         batch, _ = collect_iteration(dock, stream, books, cfg, 0)
         ack_batch(dock, batch)
+        deadline = time.monotonic() + 30
+        while dock.stats().ready["rm_scores"] < cfg.admitted_groups * N and time.monotonic() < deadline:
+            time.sleep(0.05)  # the groups admitted ahead are generated (at version 0) and scored too
         # Every group in the dock now holds version-0 tokens; the trainer is at version 2 (eta 1:
         # oldest allowed 1), so they are all stale. Fresh ones come from a replica serving 2.
         workers.version = 2
@@ -98,3 +107,15 @@ def test_groups_older_than_version_minus_eta_are_dropped_counted_and_replaced(do
     # last batch (acked, retired at the next admission); the dock lost none.
     stats = dock.stats()
     assert stats.live_rows == books.in_flight() + len(batch) and stats.unaccounted_rows() == 0
+
+
+@pytest.mark.parametrize("eta", [0, 1])
+def test_a_group_with_a_failed_row_is_dropped_counted_and_replaced_not_the_end_of_the_run(dock_factory, eta):
+    """A row the rollout could not generate (e.g. a prompt past the engine's context) comes back with no token:
+    its group is never trained (an empty response cannot be), it is counted, and a fresh prompt takes its slot."""
+    cfg, dock, stream, books = _setup(dock_factory, eta)
+    with Workers(dock, fail_rows={1}) as workers:
+        batch, _ = collect_iteration(dock, stream, books, cfg, 0)
+    assert len(batch) == GBS * N and all(len(r) > 0 for r in batch.responses)
+    assert books.rows_failed == N and workers.failed_prompts and workers.failed_prompts[0] not in batch.prompts
+    assert books.prompts_put == (eta + 1) * GBS + 1  # the failed group's slot took one more prompt

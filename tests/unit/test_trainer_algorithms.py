@@ -184,3 +184,12 @@ def test_decoupled_loss_ignores_padding_log_probs():
 def test_decoupled_loss_without_behaviour_log_probs_names_the_key():
     with pytest.raises(ValueError, match="rl_config.use_decoupled_loss"):
         policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), DECOUPLED)
+
+
+def test_a_far_out_log_ratio_with_a_zero_advantage_gives_a_finite_loss():
+    """A log-ratio of 100 (a garbage log-prob) would make exp overflow, and inf * 0 a NaN loss."""
+    logp = torch.tensor([[100.0, 0.0]], requires_grad=True)
+    out = policy_loss(logp, torch.zeros(1, 2), torch.tensor([[0.0, 1.0]]), torch.ones(1, 2), PolicyLossConfig())
+    out.loss.backward()
+    assert math.isfinite(out.loss.item()) and out.loss.item() == pytest.approx(-0.5)
+    assert torch.isfinite(logp.grad).all()
