@@ -27,6 +27,7 @@ import sys
 
 from bench_e2e import run_up
 from common import machine_line, median, parser, progress, ratio, work_dir
+from services.trainer.run_log import draw_timeline
 
 ETAS = (0, 1, 2)
 GOAL = 1.3
@@ -36,37 +37,6 @@ AREAL_REPORTED = 2.77  # AReaL's paper: its asynchronous system over a synchrono
 def trained_samples_per_s(records: list[dict], samples_per_iteration: int) -> float:
     """Samples trained over the summed time of the iterations measured."""
     return samples_per_iteration * len(records) / sum(r["timing/iteration_s"] for r in records)
-
-
-TIMELINE_STAGES = (("waiting for scored groups", "timing/rollout_and_reward_s", "tab:orange"),
-                   ("train", "timing/train_s", "tab:blue"), ("weight push", "timing/weight_sync_s", "tab:green"))
-
-
-def draw_timeline(runs: dict[str, list[dict]], path, iterations: int = 8) -> None:
-    """The trainer's iterations laid end to end, one row per run, each split into its stages (from the
-    run's own timing metrics): with eta >= 1 the wait for scored groups shrinks, since rollout ran during
-    the previous update and push."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(12, 1.4 + 0.6 * len(runs)))
-    for row, (label, records) in enumerate(runs.items()):
-        start = 0.0
-        for record in records[:iterations]:
-            for stage, key, color in TIMELINE_STAGES:
-                ax.barh(row, record[key], left=start, color=color, edgecolor="white", linewidth=0.5)
-                start += record[key]
-    ax.set_yticks(range(len(runs)), list(runs))
-    ax.invert_yaxis()
-    ax.set_xlabel(f"seconds (first {iterations} measured iterations of each run)")
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in TIMELINE_STAGES],
-              labels=[s for s, _, _ in TIMELINE_STAGES], loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    ax.set_title("trainer timeline: synchronous vs asynchronous (rl_config.max_staleness)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main() -> int:
@@ -112,7 +82,7 @@ def main() -> int:
     print(f"eta 0 stages (median s): rollout + reward {rollout_s:.3f}, train {train_s:.3f}, weight push {push_s:.3f}")
     ratio("predicted eta >= 1 / eta 0 with rollout and trainer on their own devices", predicted)
     timeline = root / "async_timeline.png"
-    draw_timeline(last_records, timeline)
+    draw_timeline(last_records, timeline, iterations=8, title="trainer timeline: synchronous vs asynchronous (rl_config.max_staleness)")
     print(f"timeline of the last repetition's runs: {timeline}")
     print(f"AReaL reports {AREAL_REPORTED}x over a synchronous system; it adds interruptible generation and a "
           "rollout fleet several times the trainer's, where this model has one replica and the tiny job's stages.")

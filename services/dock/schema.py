@@ -56,6 +56,7 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
     ColumnSpec("versions", "int32", (None,)),  # [L] policy version that generated each token
     ColumnSpec("finish_reason", "utf8"),  # stop | length | abort
     ColumnSpec("rm_scores", "float32"),  # [] reward of the whole response
+    ColumnSpec("rm_parts", "float32", (None,)),  # [V] each verifier's score (rl_config.verifier_function order), before weighting
     ColumnSpec("token_level_rewards", "float32", (None,)),  # [L]
     ColumnSpec("old_log_prob", "float32", (None,)),  # [L]
     ColumnSpec("ref_log_prob", "float32", (None,)),  # [L]

@@ -132,7 +132,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 t_push = time.perf_counter()
                 session.step = step
                 session.prompt_cursor = stream.state.cursor
-                metrics.update(batch_metrics(batch, session.version - 1, n))
+                metrics.update(batch_metrics(batch, session.version - 1, n, rl.verifier_function))
                 metrics.update(sampling_metrics)
                 metrics.update({
                     "timing/rollout_and_reward_s": t_rollout - t0, "timing/train_s": t_train - t_rollout,

@@ -24,6 +24,8 @@ log = logging.getLogger("dockrl.trainer")
 
 TRAIN_CONSUMER = "actor_train"
 TRAIN_COLUMNS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
+# Read when stored, never waited for: each verifier's part of the reward, for its own metric.
+TRAIN_OPTIONAL_COLUMNS = ("rm_parts",)
 # One put is one Lua script, and Redis serves nobody else while it runs: 32768 prompt rows held it
 # ~1 s on a quiet 2-core machine (several under load), so prompts go in puts of at most this many rows.
 PROMPT_PUT_ROWS = 4096
@@ -40,6 +42,7 @@ class ScoredBatch:
     rollout_logprobs: list[list[float]]  # [B][L]
     versions: list[list[int]]  # [B][L], policy version per token
     claims: list[Claim] = field(default_factory=list)
+    score_parts: list[list[float] | None] = field(default_factory=list)  # [B][V] each verifier's score; None: not stored
 
     def __len__(self) -> int:
         return len(self.indexes)
@@ -55,6 +58,8 @@ class ScoredBatch:
             self.scores.append(float(np.asarray(cols["rm_scores"][i]).reshape(-1)[0]))
             self.rollout_logprobs.append(np.asarray(cols["rollout_log_probs"][i], dtype=np.float64).tolist())
             self.versions.append(np.asarray(cols["versions"][i]).astype(int).tolist())
+            parts = cols.get("rm_parts", [None] * len(claim))[i]
+            self.score_parts.append(None if parts is None else np.asarray(parts, dtype=np.float64).tolist())
         self.claims.append(claim)
 
     @classmethod
@@ -71,6 +76,8 @@ class ScoredBatch:
                 self.scores.append(other.scores[i])
                 self.rollout_logprobs.append(other.rollout_logprobs[i])
                 self.versions.append(other.versions[i])
+                if other.score_parts:
+                    self.score_parts.append(other.score_parts[i])
 
 
 @dataclass
@@ -169,9 +176,11 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
     """
     batch = ScoredBatch.empty()
     n = dock.layout.n_samples_per_prompt
+    optional = [c for c in TRAIN_OPTIONAL_COLUMNS if c in {spec.name for spec in dock.layout.columns}]
     start = last_note = time.monotonic()
     while len(batch) < rows_wanted:
-        claim = dock.claim(TRAIN_CONSUMER, TRAIN_COLUMNS, count=rows_wanted - len(batch), group=True, min_count=n, timeout_s=1.0)
+        claim = dock.claim(TRAIN_CONSUMER, TRAIN_COLUMNS, count=rows_wanted - len(batch), group=True, min_count=n, timeout_s=1.0,
+                           partial_columns=optional)
         if claim is not None:
             for reason, groups in unusable_groups(claim, n, min_version).items():
                 if groups and claim is not None:

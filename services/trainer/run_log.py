@@ -1,4 +1,5 @@
-"""What a person looks at after a run: TensorBoard scalars, a JSONL log and a PNG of the curves."""
+"""What a person looks at after a run: TensorBoard scalars, a JSONL log, a PNG of the curves and one of
+the trainer's timeline."""
 from __future__ import annotations
 
 import json
@@ -9,14 +10,46 @@ CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, prompts R
           ("eval/test_accuracy", "accuracy, prompts held out from RL"))
 
 
+TIMELINE_STAGES = (("waiting for scored groups (rollout + reward)", "timing/rollout_and_reward_s", "tab:orange"),
+                   ("train", "timing/train_s", "tab:blue"), ("weight push", "timing/weight_sync_s", "tab:green"))
+
+
+def draw_timeline(runs: dict[str, list[dict]], path: str | pathlib.Path, iterations: int | None = None, title: str = "") -> None:
+    """The trainer's iterations laid end to end, one row per run, each split into its stages, from the
+    runs' own per-step timing metrics (the first `iterations` of each; all when None). With
+    rl_config.max_staleness >= 1 the wait for scored groups shrinks: rollout ran during the update and push."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 1.4 + 0.6 * len(runs)))
+    for row, (label, records) in enumerate(runs.items()):
+        start = 0.0
+        for record in [r for r in records if "timing/iteration_s" in r][:iterations]:
+            for _, key, color in TIMELINE_STAGES:
+                ax.barh(row, record[key], left=start, color=color, edgecolor="white", linewidth=0.5)
+                start += record[key]
+    ax.set_yticks(range(len(runs)), list(runs))
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds" + (f" (first {iterations} iterations of each run)" if iterations else ""))
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in TIMELINE_STAGES],
+              labels=[s for s, _, _ in TIMELINE_STAGES], loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.set_title(title or "trainer timeline")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 class RunLog:
-    """Appends one record per step to metrics.jsonl and TensorBoard; draws curves.png at the end."""
+    """Appends one record per step to metrics.jsonl and TensorBoard; draws curves.png and timeline.png at the end."""
 
     def __init__(self, log_dir: str | pathlib.Path, use_tensorboard: bool = True):
         self.dir = pathlib.Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.dir / "metrics.jsonl"
         self.png_path = self.dir / "curves.png"
+        self.timeline_path = self.dir / "timeline.png"
         self._writer = None
         if use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -41,7 +74,8 @@ class RunLog:
         return [json.loads(line) for line in self.jsonl_path.read_text().splitlines() if line.strip()]
 
     def plot(self) -> pathlib.Path:
-        """Draws the reward and accuracy curves into curves.png and returns its path."""
+        """Draws the reward and accuracy curves into curves.png, and the trainer's timeline into
+        timeline.png; returns curves.png's path."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -60,6 +94,8 @@ class RunLog:
         fig.tight_layout()
         fig.savefig(self.png_path, dpi=100)
         plt.close(fig)
+        draw_timeline({"trainer": records}, self.timeline_path,
+                      title="trainer timeline: each iteration's wait for scored groups, update and weight push")
         return self.png_path
 
     def close(self) -> None:

@@ -6,12 +6,18 @@ import statistics
 from services.trainer.iteration_data import ScoredBatch
 
 
-def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt: int) -> dict[str, float]:
-    """Reward mean/std, the share of samples with a positive reward, response lengths, policy lag, flat groups."""
+def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt: int,
+                  verifiers: tuple[str, ...] = ()) -> dict[str, float]:
+    """Reward mean/std, the share of samples with a positive reward, each verifier's mean score
+    (`{verifier}_rewards/mean`, MindSpeed-RL's name; from the rows that stored their parts),
+    response lengths, policy lag, flat groups."""
     lengths = [len(r) for r in batch.responses]
     lags = [trained_version - v for versions in batch.versions for v in versions]
     groups = [batch.scores[i:i + n_samples_per_prompt] for i in range(0, len(batch.scores), n_samples_per_prompt)]
+    parts = [p for p in batch.score_parts if p is not None and len(p) == len(verifiers)]
+    per_verifier = {f"{name}_rewards/mean": statistics.fmean(p[i] for p in parts) for i, name in enumerate(verifiers)} if parts else {}
     return {
+        **per_verifier,
         "reward/mean": statistics.fmean(batch.scores),
         "reward/std": statistics.pstdev(batch.scores),
         "reward/positive_fraction": sum(s > 0 for s in batch.scores) / len(batch.scores),

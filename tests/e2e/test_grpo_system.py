@@ -33,6 +33,7 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     assert all(r["rollout/off_policy_token_fraction"] == 0 for r in records)
     assert all(r["policy_lag/max"] == 0 for r in records)  # synchronous: max_staleness 0
     assert (log_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (log_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
     # The demo's figure: greedy accuracy on the 40 prompts RL never trains on rises by 20 points or more.
     assert summary["eval_prompts"]["test_accuracy"] == 40
     assert summary["test_accuracy_after"] - summary["test_accuracy_before"] >= 0.2, summary

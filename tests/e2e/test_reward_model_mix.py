@@ -25,3 +25,8 @@ def test_a_mixed_rule_and_model_reward_run_completes_and_logs_both_parts(run_up,
     assert progress, reward_log[-3000:]
     for acc, model in progress:
         assert 0.0 <= float(acc) <= 1.0 and float(model) != 0.0
+    # The trainer's metrics carry each part too, and the reward is their 0.5 / 0.5 mix.
+    for record in steps(metrics):
+        acc, model = record["math_17k_acc_rewards/mean"], record["reward_model_rewards/mean"]
+        assert 0.0 <= acc <= 1.0 and model != 0.0
+        assert record["reward/mean"] == pytest.approx(0.5 * acc + 0.5 * model, abs=1e-5)

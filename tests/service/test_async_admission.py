@@ -52,7 +52,8 @@ class Workers:
             claim = self.dock.claim("rule_reward", ["responses"], N, timeout_s=0.05)
             if claim is not None:
                 scores = [float(i % 2) for i in claim.indexes]
-                self.dock.put(claim.indexes, {"rm_scores": scores}, lease=claim.lease)
+                parts = [np.array([score, 0.5], np.float32) for score in scores]  # two verifiers: the score, and 0.5 for all
+                self.dock.put(claim.indexes, {"rm_scores": scores, "rm_parts": parts}, lease=claim.lease)
 
 
 def _setup(dock_factory, max_staleness: int):
@@ -119,3 +120,17 @@ def test_a_group_with_a_failed_row_is_dropped_counted_and_replaced_not_the_end_o
     assert len(batch) == GBS * N and all(len(r) > 0 for r in batch.responses)
     assert books.rows_failed == N and workers.failed_prompts and workers.failed_prompts[0] not in batch.prompts
     assert books.prompts_put == (eta + 1) * GBS + 1  # the failed group's slot took one more prompt
+
+
+def test_each_verifiers_part_reaches_the_trainers_metrics(dock_factory):
+    """The reward worker stores each verifier's score in rm_parts; the trainer reads them with the batch and logs
+    `{verifier}_rewards/mean` (MindSpeed-RL's names) beside reward/mean."""
+    from services.trainer.step_metrics import batch_metrics
+
+    cfg, dock, stream, books = _setup(dock_factory, 0)
+    with Workers(dock):
+        batch, _ = collect_iteration(dock, stream, books, cfg, 0)
+    assert [p[0] for p in batch.score_parts] == batch.scores
+    metrics = batch_metrics(batch, 0, N, ("math_17k_acc", "format"))
+    assert metrics["math_17k_acc_rewards/mean"] == pytest.approx(metrics["reward/mean"])
+    assert metrics["format_rewards/mean"] == pytest.approx(0.5)

@@ -10,7 +10,7 @@ from services.common.errors import FailedPrecondition
 from services.common.templates import load_templates
 from services.common.tiny_model import build_tokenizer
 from services.dock.registry import ReplicaRegistry
-from services.dock.schema import DEFAULT_COLUMNS, ColumnSpec, DockLayout
+from services.dock.schema import DockLayout
 from services.reward.decoding import ResponseDecoder
 from services.reward.overlong import OverlongPenalty
 from services.reward.pool import VerifierPool
@@ -20,8 +20,7 @@ from services.reward.worker import CONSUMER, RewardWorker
 pytestmark = pytest.mark.service
 
 N, GROUPS = 4, 12
-LAYOUT = DockLayout(n_samples_per_prompt=N, capacity_groups=GROUPS,
-                    columns=DEFAULT_COLUMNS + (ColumnSpec("rm_parts", "float32", (None,)),))
+LAYOUT = DockLayout(n_samples_per_prompt=N, capacity_groups=GROUPS)  # the default columns hold rm_parts
 PLAN = ScoringPlan.create(["acc", "format"], [1.0, 0.5], OverlongPenalty(True, 4, 1.0, 200))
 HANGS = r"\boxed{(x+1)^{10000}-1}"  # sympy simplifies this for minutes
 

@@ -18,7 +18,7 @@ import yaml
 from services.common.ready_file import read_ready_file
 from services.common.tiny_model import build_tiny_model
 from services.dock.client import Dock
-from services.dock.schema import DEFAULT_COLUMNS, ColumnSpec, DockLayout
+from services.dock.schema import DockLayout
 from services.reward.client import RewardClient
 from services.reward.scoring import ScoreInput
 from services.reward.worker import CONSUMER
@@ -139,8 +139,7 @@ def test_dock_rows_get_both_parts_and_their_weighted_sum(served):
     _, client, prefix, hf = served
     tok = hf.tok
     dock = Dock(client, prefix, "rm")
-    dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=2, dispatch_sizes={CONSUMER: N},
-                           columns=DEFAULT_COLUMNS + (ColumnSpec("rm_parts", "float32", (None,)),)))
+    dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=2, dispatch_sizes={CONSUMER: N}))  # rm_parts is a default column
     prompts = ["<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n"] * 2 + ["<|im_start|>user\n5+4=<|im_end|>\n<|im_start|>assistant\n"] * 2
     responses = [r"\boxed{3}", r"\boxed{2}", "", "x" * 40 + r"\boxed{9}"]  # right, wrong, empty, over-long
     labels = ["3", "3", "9", "9"]
