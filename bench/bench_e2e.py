@@ -158,7 +158,7 @@ def main() -> int:
           f"{dock_s:.3f} s")
     ratio("trainer waiting on rollout / iteration time", median([r["timing/rollout_and_reward_s"] / r["timing/iteration_s"] for r in records]))
     ratio("dock time / iteration time", dock_s / iteration, at_most=DOCK_GOAL)
-    tokens = np.median([r["throughput/tokens_per_s"] for r in records])
+    tokens = np.median([r["vllm_tps"] for r in records])
     print(f"rollout throughput as the trainer sees it: {tokens:.0f} tokens/s")
 
     import torch

@@ -34,7 +34,7 @@ from services.trainer.prompt_stream import PromptStream
 from services.trainer.rollout_sync import ReplicaSync
 from services.trainer.run_log import RunLog
 from services.trainer.session import TrainerSession
-from services.trainer.step_metrics import batch_metrics
+from services.trainer.step_metrics import batch_metrics, throughput_metrics
 
 
 EVAL_SETS = (("accuracy", "eval_data_path"), ("test_accuracy", "test_data_path"))
@@ -137,8 +137,8 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
                 metrics.update({
                     "timing/rollout_and_reward_s": t_rollout - t0, "timing/train_s": t_train - t_rollout,
                     "timing/weight_sync_s": t_push - t_train, "timing/iteration_s": t_push - t0,
-                    "throughput/tokens_per_s": sum(len(r) for r in batch.responses) / max(t_rollout - t0, 1e-9),
                 })
+                metrics.update(throughput_metrics(batch, t_rollout - t0, t_train - t_rollout, t_push - t0))
                 if leader:
                     metrics.update({"weight_sync/bytes": push.bytes_sent, "weight_sync/replicas": push.replicas_updated})
                     run_log.log(step, metrics)

@@ -23,7 +23,22 @@ def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt
         "reward/positive_fraction": sum(s > 0 for s in batch.scores) / len(batch.scores),
         "response_length/mean": statistics.fmean(lengths),
         "response_length/max": max(lengths),
+        "response_length/min": min(lengths),
+        "prompt_length/mean": statistics.fmean(len(p) for p in batch.prompts),
+        "prompt_length/max": max(len(p) for p in batch.prompts),
+        "prompt_length/min": min(len(p) for p in batch.prompts),
         "policy_lag/mean": statistics.fmean(lags) if lags else 0.0,
         "policy_lag/max": max(lags) if lags else 0.0,
         "groups/flat_fraction": sum(len(set(g)) == 1 for g in groups) / len(groups),
     }
+
+
+def throughput_metrics(batch: ScoredBatch, rollout_s: float, train_s: float, iteration_s: float) -> dict[str, float]:
+    """MindSpeed-RL's throughputs, in tokens per second of the whole system (MindSpeed-RL divides by its
+    device count; here rollout and trainer may share or not share devices, so the figure is not split):
+    e2e_tps (prompt + response tokens over the iteration), update_tps (the same tokens over the train
+    stage) and vllm_tps (response tokens over the wait for scored groups)."""
+    responses = sum(len(r) for r in batch.responses)
+    tokens = responses + sum(len(p) for p in batch.prompts)
+    return {"e2e_tps": tokens / max(iteration_s, 1e-9), "update_tps": tokens / max(train_s, 1e-9),
+            "vllm_tps": responses / max(rollout_s, 1e-9)}
