@@ -223,3 +223,38 @@ def load_critic_checkpoint(save: str | pathlib.Path, critic, optimizer, schedule
     saved together, critic last).
     """
     return load_checkpoint(critic_checkpoint_root(save), critic, optimizer, scheduler, step=step)
+
+
+@dataclass
+class Critic:
+    """PPO's critic (adv_estimator: gae) as one thing: the value model, its optimizer and LR schedule,
+    and its update settings."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object  # megatron's OptimizerParamScheduler
+    cfg: CriticUpdateConfig
+
+    @classmethod
+    def build(cls, cfg, layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype, total_steps: int) -> "Critic":
+        """The critic of `cfg` initialised from the actor's HF checkpoint; `total_steps` sizes its LR schedule."""
+        mt = cfg.megatron_training
+        model = build_critic(layout, hf_state, dtype, seed=mt.seed)
+        optimizer, scheduler = build_critic_optimizer(model, mt, total_steps)
+        return cls(model, optimizer, scheduler, CriticUpdateConfig.from_config(cfg))
+
+    def values(self, batch: ResponseBatch, cfg: ForwardConfig) -> torch.Tensor:
+        """[B, L] values of the response tokens (see compute_values)."""
+        return compute_values(self.model, batch, cfg)
+
+    def update(self, batch: ResponseBatch, old_values: torch.Tensor, returns: torch.Tensor, step: int) -> CriticMetrics:
+        """One critic update on the iteration's batch (see critic_update)."""
+        return critic_update(self.model, self.optimizer, self.scheduler, batch, old_values, returns, self.cfg, step)
+
+    def save(self, save: str | pathlib.Path, state: TrainState) -> pathlib.Path:
+        """This rank's critic checkpoint beside the actor's (see save_critic_checkpoint)."""
+        return save_critic_checkpoint(save, self.model, self.optimizer, self.scheduler, state)
+
+    def load(self, save: str | pathlib.Path, step: int) -> TrainState:
+        """Restores the critic saved with the actor's checkpoint of `step` (see load_critic_checkpoint)."""
+        return load_critic_checkpoint(save, self.model, self.optimizer, self.scheduler, step)

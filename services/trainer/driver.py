@@ -8,10 +8,12 @@ Each iteration:
   3. log-probs (old: skipped when it equals the current policy; reference when KL is on)
   4. group_norm advantages, then the policy update
   5. push the new weights to every live rollout replica; record the step's metrics
+
+Rank 0 does 1, 2 and 5's push and records through `RunLeader`; every rank takes part in the
+batch's broadcast, 3-4 and the weight gather (collectives over TP / PP / DP).
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -22,37 +24,13 @@ from services.common.auth import resolve_token
 from services.common.config import Config
 from services.common.log import log_event, setup_logging
 from services.common.preprocess import load_prompts
-from services.dock.client import Dock
-from services.dock.registry import ReplicaRegistry
-from services.dock.schema import DockLayout
 from services.dock.scripts import DockMissing
 from services.trainer.checkpoint import latest_step
 from services.trainer.cpu_shims import accelerator_present
-from services.trainer.iteration_data import RunAccounting, ack_batch, collect_iteration
 from services.trainer.model import cpu_threads
-from services.trainer.prompt_stream import PromptStream
-from services.trainer.rollout_sync import ReplicaSync
-from services.trainer.run_log import RunLog
+from services.trainer.run_leader import RunLeader
 from services.trainer.session import TrainerSession
 from services.trainer.step_metrics import batch_metrics, throughput_metrics
-
-
-EVAL_SETS = (("accuracy", "eval_data_path"), ("test_accuracy", "test_data_path"))
-
-
-def _evaluate(session: TrainerSession, sync: ReplicaSync, eval_sets: dict, step: int, run_log: RunLog, logger) -> dict[str, float]:
-    """Greedy accuracy on each evaluation set, through the rollout and reward services."""
-    from services.trainer.evaluation import evaluate
-
-    results = {}
-    for name, records in eval_sets.items():
-        result = evaluate(sync.any_address(), sync.reward_address(), records,
-                          session.cfg.generate_config.sampling_config.max_tokens, token=session.token)
-        results[name] = result.accuracy
-        log_event(logger, "evaluation", step=step, set=name, accuracy=f"{result.accuracy:.3f}", prompts=result.count)
-    if results:
-        run_log.log(step, {f"eval/{k}": v for k, v in results.items()})
-    return results
 
 
 def _report_lost_dock(logger, session: TrainerSession, exc: DockMissing) -> None:
@@ -73,92 +51,33 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         torch.set_num_threads(cpu_threads())
         log_event(logger, "cpu threads", threads=torch.get_num_threads())
     token = resolve_token(cfg.auth)
-    mt, rl = cfg.megatron_training, cfg.rl_config
+    mt = cfg.megatron_training
     prompts = load_prompts(mt.data_path)
     session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
     model_ready = time.perf_counter()
-    leader = session.is_leader
-    dock = Dock.from_config(cfg, token=token) if leader else None
-    if leader and (not resume or not dock.client.exists(dock.keys.meta)):
-        dock.create(DockLayout.from_config(cfg))
-    stream = PromptStream(prompts, mt.seed, shuffle=not rl.guarantee_order)
-    stream.state.cursor = session.prompt_cursor
-    eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
-    run_log = RunLog(cfg.trainer.log_dir, rl.use_tensorboard) if leader else None
-    sync = ReplicaSync(cfg, ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s) if leader else None, token)
-    n = rl.n_samples_per_prompt
-    before: dict[str, float] = {}
-    accounting = RunAccounting()
+    leader = RunLeader(cfg, token, prompts, session.prompt_cursor, resume) if session.is_leader else None
     try:
-        weights = session.gather_weights()
+        weights = session.gather_weights()  # a collective: every rank takes part
+        before: dict[str, float] = {}
         if leader:
-            waiting = time.perf_counter()
-            sync.wait_for_replicas(timeout_s=600.0)
-            replica_ready = time.perf_counter()
-            sync.push_to_stale(weights, session.version)
-            pushed = time.perf_counter()
-            before = _evaluate(session, sync, eval_sets, session.step, run_log, logger)
+            waiting_s, push_s, before = leader.start(weights, session.version, session.step)
             # Where the trainer's start-up goes; rollout replicas start alongside, so waiting for one is vLLM's start left over.
             log_event(logger, "start-up", imports_s=f"{imported:.1f}", model_s=f"{model_ready - started:.1f}",
-                      waiting_for_rollout_s=f"{replica_ready - waiting:.1f}", first_push_s=f"{pushed - replica_ready:.1f}",
-                      evaluation_s=f"{time.perf_counter() - pushed:.1f}", total_s=f"{imported + time.perf_counter() - started:.1f}")
+                      waiting_for_rollout_s=f"{waiting_s:.1f}", first_push_s=f"{push_s:.1f}",
+                      total_s=f"{imported + time.perf_counter() - started:.1f}")
         first_step = session.step + 1
         for step in range(first_step, mt.train_iters + 1):
             session.control.wait_while_paused()
             with session.control.step_lock:
-                t0 = time.perf_counter()
-                session.control.set_state("rollout")
-                batch, sampling_metrics = None, {}
-                if leader:
-                    dock.set_policy_version(session.version)
-                    sync.push_to_stale(weights, session.version)  # replicas that joined since the last push
-                    stale_before, failed_before = accounting.rows_stale, accounting.rows_failed
-                    batch, sampling_metrics = collect_iteration(dock, stream, accounting, cfg, session.version,
-                                                                groups_left=(mt.train_iters - step + 1) * mt.global_batch_size,
-                                                                on_wait=lambda s: sync.push_to_stale(weights, session.version))
-                    sampling_metrics["policy_lag/stale_rows_dropped"] = accounting.rows_stale - stale_before
-                    sampling_metrics["rollout/failed_rows_dropped"] = accounting.rows_failed - failed_before
-                batch = session.broadcast(batch)
-                t_rollout = time.perf_counter()
-                session.control.set_state("train")
-                metrics = session.train_step(batch, step)
-                t_train = time.perf_counter()
-                session.control.set_state("push")
-                weights = session.gather_weights()
-                if leader:
-                    push = sync.push_all(weights, session.version + 1)
-                    ack_batch(dock, batch)
-                session.version += 1
-                t_push = time.perf_counter()
-                session.step = step
-                session.prompt_cursor = stream.state.cursor
-                metrics.update(batch_metrics(batch, session.version - 1, n, rl.verifier_function))
-                metrics.update(sampling_metrics)
-                metrics.update({
-                    "timing/rollout_and_reward_s": t_rollout - t0, "timing/train_s": t_train - t_rollout,
-                    "timing/weight_sync_s": t_push - t_train, "timing/iteration_s": t_push - t0,
-                })
-                metrics.update(throughput_metrics(batch, t_rollout - t0, t_train - t_rollout, t_push - t0))
-                if leader:
-                    metrics.update({"weight_sync/bytes": push.bytes_sent, "weight_sync/replicas": push.replicas_updated})
-                    run_log.log(step, metrics)
-                    log_event(logger, "step", step=step, reward=f"{metrics['reward/mean']:.3f}",
-                              loss=f"{metrics['actor/loss']:.4f}", seconds=f"{metrics['timing/iteration_s']:.1f}")
+                metrics = _iteration(session, leader, step)
                 session.control.record_step(step, metrics, session.version)
                 if mt.save_interval and step % mt.save_interval == 0:
                     session.save_checkpoint()
                 if leader and cfg.trainer.eval_interval and step % cfg.trainer.eval_interval == 0 and step < mt.train_iters:
-                    _evaluate(session, sync, eval_sets, step, run_log, logger)
+                    leader.evaluate(step, session.version)
         session.save_checkpoint()
         if leader:
-            after = _evaluate(session, sync, eval_sets, session.step, run_log, logger)
-            run_log.plot()
-            summary = {"steps": session.step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
-                       "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
-                       "eval_prompts": {k: len(v) for k, v in eval_sets.items()},
-                       # this process's count: a run resumed with --resume counts from its first step here
-                       "accounting": {**accounting.__dict__, "from_step": first_step}, "dock": dock.stats().__dict__}
-            (run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            leader.finish(session.step, session.version, first_step, before)
         session.control.set_state("done")
         return 0
     except DockMissing as exc:
@@ -170,6 +89,36 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         logging.getLogger("dockrl.trainer").exception("training failed")
         return 1
     finally:
-        if run_log is not None:
-            run_log.close()
+        if leader is not None:
+            leader.close()
         session.close()
+
+
+def _iteration(session: TrainerSession, leader: RunLeader | None, step: int) -> dict[str, float]:
+    """One iteration, as the algorithm: scored groups in, advantages and the update, the new policy out.
+    Rank 0 (`leader`) talks to the dock and the replicas; every rank joins the collectives."""
+    rl = session.cfg.rl_config
+    t0 = time.perf_counter()
+    session.control.set_state("rollout")
+    batch, metrics = leader.collect(step, session.version) if leader else (None, {})
+    batch = session.broadcast(batch)
+    t_rollout = time.perf_counter()
+    session.control.set_state("train")
+    metrics.update(session.train_step(batch, step))  # log-probs, advantages, the policy (and critic) update
+    t_train = time.perf_counter()
+    session.control.set_state("push")
+    weights = session.gather_weights()
+    if leader:
+        metrics.update(leader.publish(weights, batch, session.version + 1))
+    session.version += 1
+    t_push = time.perf_counter()
+    session.step = step
+    if leader:
+        session.prompt_cursor = leader.stream.state.cursor
+    metrics.update(batch_metrics(batch, session.version - 1, rl.n_samples_per_prompt, rl.verifier_function))
+    metrics.update({"timing/rollout_and_reward_s": t_rollout - t0, "timing/train_s": t_train - t_rollout,
+                    "timing/weight_sync_s": t_push - t_train, "timing/iteration_s": t_push - t0})
+    metrics.update(throughput_metrics(batch, t_rollout - t0, t_train - t_rollout, t_push - t0))
+    if leader:
+        leader.record(step, metrics)
+    return metrics

@@ -5,7 +5,8 @@ rule: accepted + running < (eta + version + 1) * GBS; with eta = 0, GBS prompts 
 then claims complete, scored groups as the `actor_train` consumer until it holds GBS of them.
 Rollout and reward workers do everything in between, pulling from the dock, so with eta >= 1 the
 next iterations' rollout runs while the trainer updates and pushes. A group whose oldest token is
-older than version - eta is never trained: it is dropped and counted.
+older than version - eta, or with a row the rollout could not generate (no token), is never
+trained: it is dropped, counted, and its slot takes a fresh prompt.
 """
 from __future__ import annotations
 

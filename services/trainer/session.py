@@ -19,8 +19,7 @@ from services.trainer.advantages import group_norm_advantages, ppo_targets
 from services.trainer.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
 from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
 from services.trainer.control import TrainerControl
-from services.trainer.critic import (CriticUpdateConfig, build_critic, build_critic_optimizer, compute_values, critic_update,
-                                     load_critic_checkpoint, save_critic_checkpoint)
+from services.trainer.critic import Critic
 from services.trainer.iteration_data import ScoredBatch
 from services.trainer.logprobs import ResponseBatch, compute_logprobs
 from services.trainer.masked import masked_mean
@@ -81,10 +80,7 @@ class TrainerSession:
     scheduler: Any
     update_cfg: UpdateConfig
     control: TrainerControl
-    critic: Any = None  # PPO (adv_estimator: gae): model, optimizer, scheduler, update settings
-    critic_optimizer: Any = None
-    critic_scheduler: Any = None
-    critic_cfg: CriticUpdateConfig | None = None
+    critic: Critic | None = None  # PPO (adv_estimator: gae)
     server: Any = None
     step: int = 0
     version: int = 0
@@ -118,15 +114,13 @@ class TrainerSession:
         session = cls(cfg, token, layout, model, ref_model, optimizer, scheduler, update_cfg, control,
                       num_prompts=max(1, num_prompts))
         if rl.adv_estimator == "gae":
-            session.critic = build_critic(layout, hf_state, dtype, seed=mt.seed)
-            session.critic_optimizer, session.critic_scheduler = build_critic_optimizer(session.critic, mt, mt.train_iters * steps_per_iter)
-            session.critic_cfg = CriticUpdateConfig.from_config(cfg)
+            session.critic = Critic.build(cfg, layout, hf_state, dtype, mt.train_iters * steps_per_iter)
         if resume and mt.save and latest_step(mt.save) is not None:
             state = load_checkpoint(mt.save, model, optimizer, scheduler)
             session.step, session.version = state.step, state.policy_version
             session.prompt_cursor = state.data.epoch * session.num_prompts + state.data.next_prompt_index
             if session.critic is not None:
-                load_critic_checkpoint(mt.save, session.critic, session.critic_optimizer, session.critic_scheduler, state.step)
+                session.critic.load(mt.save, state.step)
         if session.is_leader:
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             _, world = _world()
@@ -167,7 +161,7 @@ class TrainerSession:
             with torch.no_grad():
                 ref_logprobs = compute_logprobs(self.ref_model, samples, fwd)[0].float().cpu()
         if ppo:
-            values = compute_values(self.critic, samples, fwd).float().cpu()
+            values = self.critic.values(samples, fwd).float().cpu()
             targets = ppo_targets(scores, values, mask, rl, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
             advantages = targets.advantages
             if rl.use_kl_in_reward:
@@ -181,8 +175,7 @@ class TrainerSession:
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
         if ppo:
-            critic_out = critic_update(self.critic, self.critic_optimizer, self.critic_scheduler, samples, values, targets.returns,
-                                       self.critic_cfg, step)
+            critic_out = self.critic.update(samples, values, targets.returns, step)
             metrics.update({f"critic/{k}": v for k, v in critic_out.as_dict().items()})
         metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
         return metrics
@@ -205,7 +198,7 @@ class TrainerSession:
         if not root:
             return None
         if self.critic is not None:
-            save_critic_checkpoint(root, self.critic, self.critic_optimizer, self.critic_scheduler, self._train_state())
+            self.critic.save(root, self._train_state())
         return save_checkpoint(root, self.model, self.optimizer, self.scheduler, self._train_state())
 
     def close(self) -> None:

@@ -197,12 +197,16 @@ class LoopSystem:
     def stats(self) -> DockStats:
         return self.dock().stats()
 
-    def steps(self) -> list[int]:
-        """The steps in the metrics log, in the order written (a resumed trainer appends)."""
+    def records(self) -> list[dict]:
+        """The metrics log's records, in the order written (a resumed trainer appends)."""
         path = self.log_dir / "metrics.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def steps(self) -> list[int]:
+        """The steps in the metrics log, in the order written (a resumed trainer appends)."""
+        return [record["step"] for record in self.records()]
 
     def wait_steps(self, count: int, timeout_s: float = 600.0) -> list[int]:
         """Waits until the metrics log holds `count` steps; fails at once when a service the test did not kill exits."""

@@ -4,7 +4,9 @@ they hold rows, a Redis crash (SIGKILL) and restart on its AOF, a SIGKILL of the
 and a Redis that comes back empty (no AOF). The run reaches its last step, and the dock accounts
 for every sample: each row that entered the pool is live, or was trained once and retired.
 
-One run carries every fault because starting the vLLM replicas dominates the test's time.
+One run carries every fault because starting the vLLM replicas dominates the test's time. It runs
+twice: synchronous, and asynchronous with rl_config.max_staleness 1 (rollout one version ahead,
+groups admitted ahead of the trainer).
 """
 from __future__ import annotations
 
@@ -18,15 +20,15 @@ from tests.faults.loop_harness import LoopSystem, wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
-AREA = "whole loop"
+AREAS = {0: "whole loop", 1: "whole loop, max_staleness 1"}
 GBS, N = 4, 4  # groups per iteration, samples per group
 ITERS = 48  # long enough that the run outlasts the faults below (the trainer takes ~1 s an iteration here)
 LEASE_S = 10  # short leases: a dead worker's rows come back within seconds
 OUTAGE_S = 3.0  # how long Redis stays down, so every service sees the outage
 
 
-def _overrides(tmp) -> list[str]:
-    return [
+def _overrides(tmp, eta: int) -> list[str]:
+    return [f"rl_config.max_staleness={eta}",
         f"megatron_training.load={tmp}/model", f"megatron_training.tokenizer_name_or_path={tmp}/model",
         f"megatron_training.data_path={tmp}/data/train", f"arithmetic.out_dir={tmp}/raw",
         "trainer.eval_data_path=", "trainer.test_data_path=", "init_model.warm_start_accuracy=0",
@@ -39,9 +41,10 @@ def _overrides(tmp) -> list[str]:
     ]
 
 
-@pytest.fixture
-def loop(tmp_path):
-    system = LoopSystem(tmp_path, _overrides(tmp_path))
+@pytest.fixture(params=sorted(AREAS), ids=["sync", "eta1"])
+def loop(request, tmp_path):
+    system = LoopSystem(tmp_path, _overrides(tmp_path, request.param))
+    system.area = AREAS[request.param]
     try:
         system.start()
         yield system
@@ -67,7 +70,7 @@ def _worker_killed_mid_batch(loop: LoopSystem, fault_log, name: str, consumer: s
     after = loop.wait_steps(len(before) + 2)
     requeued = loop.stats().requeued - kill.requeued_before
     fault_log.check(
-        AREA, f"{what} ({name}) SIGKILLed while holding {len(kill.rows)} leased {consumer} rows, mid-iteration",
+        loop.area, f"{what} ({name}) SIGKILLed while holding {len(kill.rows)} leased {consumer} rows, mid-iteration",
         f"its rows requeue when the {LEASE_S} s lease ends; the other replica finishes them; the iteration completes",
         f"{requeued} rows requeued; steps {before[-1] if before else 0} -> {after[-1]} completed",
         requeued >= len(kill.rows) and _each_step_once(after))
@@ -88,7 +91,7 @@ def _redis_restarted_on_its_aof(loop: LoopSystem, fault_log) -> None:
     after = loop.wait_steps(len(before) + 3)
     survivors = [name for name in ("rollout-0", "reward-0", "trainer") if loop.procs[name].poll() is None]
     fault_log.check(
-        AREA, f"Redis (AOF, appendfsync always) SIGKILLed while the trainer held {held} claimed rows, down {OUTAGE_S:.0f} s, "
+        loop.area, f"Redis (AOF, appendfsync always) SIGKILLed while the trainer held {held} claimed rows, down {OUTAGE_S:.0f} s, "
               "restarted on its AOF",
         "every service reconnects with backoff; the run continues from the dock state of the crash, nothing a service "
         "was told succeeded is lost, no sample is handed out twice",
@@ -121,7 +124,7 @@ def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
     resumed_at = after[logged]
     pushed = loop.served_version("rollout-0")
     fault_log.check(
-        AREA, f"the trainer SIGKILLed after the checkpoint of step {saved}, restarted with --resume",
+        loop.area, f"the trainer SIGKILLed after the checkpoint of step {saved}, restarted with --resume",
         f"it continues at step {saved + 1}; the replica serves version {saved} meanwhile and takes the next push",
         f"resumed at step {resumed_at}; meanwhile the replica served version {served} (Generate answered by {generated}); "
         f"after the resume it serves {pushed}",
@@ -132,10 +135,13 @@ def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_st
     """Checks the dock's books against the steps trained since `first_step` (when this dock was made)."""
     stats, steps = loop.stats(), loop.steps()
     trained_groups = (steps[-1] - first_step + 1) * GBS
+    # Groups dropped unseen (a token older than version - max_staleness, or a row without a token) are retired too.
+    dropped_groups = sum(r.get("policy_lag/stale_rows_dropped", 0) + r.get("rollout/failed_rows_dropped", 0)
+                         for r in loop.records() if r["step"] >= first_step) // N
     # The last iteration's groups are acked, and retired when the next iteration begins.
-    retired_ok = stats.retired_groups in (trained_groups - GBS, trained_groups)
+    retired_ok = stats.retired_groups - dropped_groups in (trained_groups - GBS, trained_groups)
     fault_log.check(
-        AREA, f"accounting {when}",
+        loop.area, f"accounting {when}",
         "every row that entered the dock is live or was trained once and retired; no row lost",
         f"{stats.admitted_rows} rows admitted = {stats.live_rows} live + {stats.retired_groups} retired groups x {N} "
         f"+ {stats.cleared_rows} cleared (unaccounted {stats.unaccounted_rows()}); {trained_groups} groups trained",
@@ -153,7 +159,7 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     line = next((line for line in log.splitlines() if "the dock's state is gone" in line), "")
     message = line[line.find("iteration failed"):] if line else ""
     fault_log.check(
-        AREA, f"Redis SIGKILLed after step {saved} and restarted without AOF (empty)",
+        loop.area, f"Redis SIGKILLed after step {saved} and restarted without AOF (empty)",
         f"the trainer fails iteration {saved + 1} with an error naming the lost dock and the checkpoint to resume from",
         f"exit {trainer.returncode}: {message}",
         trainer.returncode != 0 and f"step={saved + 1}" in message and f"checkpoint of step {saved}" in message)
@@ -163,7 +169,7 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     after = loop.steps()
     counted = json.loads((loop.log_dir / "summary.json").read_text())["accounting"]
     fault_log.check(
-        AREA, f"`dockrl trainer train --resume` after the empty Redis",
+        loop.area, f"`dockrl trainer train --resume` after the empty Redis",
         f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {ITERS}; its summary counts "
         "the samples of the steps it trained",
         f"exit {resumed.returncode}; steps after the resume: {after[logged:]}; summary: {counted['rows_trained']} rows trained "

@@ -92,3 +92,26 @@ def test_chain_push_serves_new_weights_on_both_replicas_then_broken_pushes_are_r
     assert response.replicas_updated == 2
     assert_serves(servers.a, hf_original, 2)
     assert_serves(servers.b, hf_original, 2)
+
+
+def test_a_push_during_a_stream_pauses_loads_and_continues_it_under_the_new_version(servers, weights):
+    """What a replica does with a request in flight when new weights arrive (docs/trainer.md, asynchronous RL):
+    generation pauses, the weights load, and the same request continues; its tokens before the switch carry
+    the old version and those after it the new one, and none is lost. (Pushes the served weights again, so
+    the tests after this one see the same model.)"""
+    original, _ = weights
+    server = servers.a
+    stub = rollout_stub(server)
+    for attempt in range(3):  # the stream can end before the push lands on a fast machine: then again
+        before = stub.GetInfo(rollout_pb2.GetInfoRequest()).version
+        stream = stub.GenerateStream(greedy_request(PROMPTS[0], 120))
+        first = next(stream)
+        assert push(server, original, before + 1).version == before + 1
+        chunks = [first, *stream]
+        versions = [c.policy_version for c in chunks for _ in c.token_ids]
+        assert sum(len(c.token_ids) for c in chunks) == 120 and chunks[-1].finish_reason == "length"
+        assert versions == sorted(versions) and set(versions) <= {before, before + 1}
+        if set(versions) == {before, before + 1}:
+            break
+    else:
+        pytest.fail(f"the push never landed while the stream ran (3 tries): versions {versions}")

@@ -1,0 +1,112 @@
+"""Rank 0's part of a run: the dock, the prompt stream, the rollout and reward replicas, the run's records.
+
+The other ranks have none of it: they join the collectives of an iteration (the batch's
+broadcast, the update, the weight gather) and nothing else. Keeping rank 0's work here lets the
+driver read as the algorithm.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from services.common.config import Config
+from services.common.log import log_event
+from services.common.preprocess import PromptRecord, load_prompts
+from services.dock.client import Dock
+from services.dock.registry import ReplicaRegistry
+from services.dock.schema import DockLayout
+from services.trainer.iteration_data import RunAccounting, ScoredBatch, ack_batch, collect_iteration
+from services.trainer.prompt_stream import PromptStream
+from services.trainer.rollout_sync import ReplicaSync
+from services.trainer.run_log import RunLog
+
+logger = logging.getLogger("dockrl.trainer")
+
+EVAL_SETS = (("accuracy", "eval_data_path"), ("test_accuracy", "test_data_path"))
+
+
+class RunLeader:
+    """What rank 0 does around the collectives: admit prompts and collect scored groups, push
+    weights, evaluate, and record every step."""
+
+    def __init__(self, cfg: Config, token: str, prompts: list[PromptRecord], prompt_cursor: int, resume: bool):
+        self.cfg = cfg
+        self.token = token
+        self.dock = Dock.from_config(cfg, token=token)
+        if not resume or not self.dock.client.exists(self.dock.keys.meta):
+            self.dock.create(DockLayout.from_config(cfg))
+        self.stream = PromptStream(prompts, cfg.megatron_training.seed, shuffle=not cfg.rl_config.guarantee_order)
+        self.stream.state.cursor = prompt_cursor
+        self.eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
+        self.run_log = RunLog(cfg.trainer.log_dir, cfg.rl_config.use_tensorboard)
+        self.sync = ReplicaSync(cfg, ReplicaRegistry(self.dock.client, self.dock.keys, cfg.rollout.heartbeat_ttl_s), token)
+        self.accounting = RunAccounting()
+        self.weights: dict = {}  # the policy the replicas should serve (for replicas that join later)
+
+    def start(self, weights: dict, version: int, step: int) -> tuple[float, float, dict[str, float]]:
+        """Waits for a rollout replica, pushes `weights` to every replica that lacks `version`, and
+        evaluates; returns (seconds waiting for a replica, seconds pushing, accuracies)."""
+        self.weights = weights
+        waiting = time.perf_counter()
+        self.sync.wait_for_replicas(timeout_s=600.0)
+        ready = time.perf_counter()
+        self.sync.push_to_stale(weights, version)
+        pushed = time.perf_counter()
+        return ready - waiting, pushed - ready, self.evaluate(step, version)
+
+    def collect(self, step: int, version: int) -> tuple[ScoredBatch, dict[str, float]]:
+        """This iteration's GBS scored groups, admitting prompts up to the staleness bound, and the
+        metrics of how they were gathered."""
+        mt = self.cfg.megatron_training
+        books = self.accounting
+        self.dock.set_policy_version(version)
+        self.sync.push_to_stale(self.weights, version)  # replicas that joined since the last push
+        stale, failed = books.rows_stale, books.rows_failed
+        batch, metrics = collect_iteration(self.dock, self.stream, books, self.cfg, version,
+                                           groups_left=(mt.train_iters - step + 1) * mt.global_batch_size,
+                                           on_wait=lambda seconds: self.sync.push_to_stale(self.weights, version))
+        metrics["policy_lag/stale_rows_dropped"] = books.rows_stale - stale
+        metrics["rollout/failed_rows_dropped"] = books.rows_failed - failed
+        return batch, metrics
+
+    def publish(self, weights: dict, batch: ScoredBatch, version: int) -> dict[str, float]:
+        """Pushes the updated policy as `version` to every live replica and releases the trained rows."""
+        self.weights = weights
+        push = self.sync.push_all(weights, version)
+        ack_batch(self.dock, batch)
+        return {"weight_sync/bytes": push.bytes_sent, "weight_sync/replicas": push.replicas_updated}
+
+    def record(self, step: int, metrics: dict[str, float]) -> None:
+        """One step's metrics to metrics.jsonl, TensorBoard and the log."""
+        self.run_log.log(step, metrics)
+        log_event(logger, "step", step=step, reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['actor/loss']:.4f}",
+                  seconds=f"{metrics['timing/iteration_s']:.1f}")
+
+    def evaluate(self, step: int, version: int) -> dict[str, float]:
+        """Greedy accuracy on each evaluation set, through the rollout and reward services."""
+        from services.trainer.evaluation import evaluate
+
+        results = {}
+        for name, records in self.eval_sets.items():
+            result = evaluate(self.sync.any_address(), self.sync.reward_address(), records,
+                              self.cfg.generate_config.sampling_config.max_tokens, token=self.token)
+            results[name] = result.accuracy
+            log_event(logger, "evaluation", step=step, set=name, accuracy=f"{result.accuracy:.3f}", prompts=result.count, version=version)
+        if results:
+            self.run_log.log(step, {f"eval/{k}": v for k, v in results.items()})
+        return results
+
+    def finish(self, step: int, version: int, first_step: int, before: dict[str, float]) -> None:
+        """The last evaluation, the pictures and summary.json."""
+        after = self.evaluate(step, version)
+        self.run_log.plot()
+        summary = {"steps": step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
+                   "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
+                   "eval_prompts": {k: len(v) for k, v in self.eval_sets.items()},
+                   # this process's count: a run resumed with --resume counts from its first step here
+                   "accounting": {**self.accounting.__dict__, "from_step": first_step}, "dock": self.dock.stats().__dict__}
+        (self.run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
+    def close(self) -> None:
+        self.run_log.close()
