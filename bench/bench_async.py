@@ -30,7 +30,7 @@ import sys
 
 from bench_e2e import run_up
 from common import machine_line, median, parser, progress, ratio, work_dir
-from services.trainer.run_log import draw_timeline
+from services.trainer.loop.run_log import draw_timeline
 
 ETAS = (0, 1, 2)
 INTERRUPT = ["rl_config.partial_rollout_max_split=4", "rl_config.interruptible_rollout=true"]

@@ -71,8 +71,8 @@ def reference_loop(cfg, iters: int) -> list[dict[str, float]]:
     from services.common.preprocess import load_prompts
     from services.reward.pool import InProcessRunner
     from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
-    from services.trainer.iteration_data import ScoredBatch
-    from services.trainer.prompt_stream import PromptStream
+    from services.trainer.loop.iteration_data import ScoredBatch
+    from services.trainer.loop.prompt_stream import PromptStream
 
     mt, rl, sampling = cfg.megatron_training, cfg.rl_config, cfg.generate_config.sampling_config
     tokenizer = AutoTokenizer.from_pretrained(mt.tokenizer_name_or_path)
@@ -163,7 +163,7 @@ def main() -> int:
 
     import torch
 
-    from services.trainer.model import cpu_threads
+    from services.trainer.modeling.model import cpu_threads
 
     torch.set_num_threads(cpu_threads())
     progress(f"single-process reference: {iters} iterations, {torch.get_num_threads()} torch threads")

@@ -38,18 +38,18 @@ MIN_RESPONSE = 4
 # --profile: the parts of dockrl's step, as (module, object, attribute, label); a part nested in
 # another is listed after it and printed indented.
 PARTS = (
-    ("services.trainer.session", None, "compute_logprobs", "no-grad log-prob pass"),
-    ("services.trainer.update", None, "compute_logprobs", "no-grad log-prob pass"),
-    ("services.trainer.logprobs", "ModelInputs", "run", "model forward"),
-    ("services.trainer.cpu_shims", "SDPACoreAttention", "forward", "  CPU attention shim (forward)"),
-    ("services.trainer.logprobs", None, "model_inputs", "padding to model inputs"),
-    ("services.trainer.logprobs", None, "response_stats", "log-probs + entropy from logits"),
-    ("services.trainer.update", None, "policy_loss", "loss"),
+    ("services.trainer.loop.session", None, "compute_logprobs", "no-grad log-prob pass"),
+    ("services.trainer.algorithm.update", None, "compute_logprobs", "no-grad log-prob pass"),
+    ("services.trainer.modeling.logprobs", "ModelInputs", "run", "model forward"),
+    ("services.trainer.modeling.cpu_shims", "SDPACoreAttention", "forward", "  CPU attention shim (forward)"),
+    ("services.trainer.modeling.logprobs", None, "model_inputs", "padding to model inputs"),
+    ("services.trainer.modeling.logprobs", None, "response_stats", "log-probs + entropy from logits"),
+    ("services.trainer.algorithm.update", None, "policy_loss", "loss"),
     ("torch", "Tensor", "backward", "backward"),
-    ("services.trainer.update", None, "_finalize_grads", "gradient reduction"),
-    ("services.trainer.update", None, "clip_grad_norm", "gradient clipping"),
+    ("services.trainer.algorithm.update", None, "_finalize_grads", "gradient reduction"),
+    ("services.trainer.algorithm.update", None, "clip_grad_norm", "gradient clipping"),
     ("torch.optim", "AdamW", "step", "optimizer (AdamW)"),
-    ("services.trainer.session", None, "group_norm_advantages", "advantages"),
+    ("services.trainer.loop.session", None, "group_norm_advantages", "advantages"),
 )
 
 
@@ -67,7 +67,7 @@ def tiny_config(work):
 
 def scored_batch(cfg, prompts, seed: int):
     """GBS groups of n samples on the data's prompts: random response tokens and 0/1 rewards, rollout log-probs -1."""
-    from services.trainer.iteration_data import ScoredBatch
+    from services.trainer.loop.iteration_data import ScoredBatch
 
     rng = random.Random(seed)
     n, max_tokens = cfg.rl_config.n_samples_per_prompt, cfg.generate_config.sampling_config.max_tokens
@@ -128,7 +128,7 @@ class PlainStep:
 
 def hf_gradients(session) -> dict[str, torch.Tensor]:
     """dockrl's last step's (clipped) gradients in HF names."""
-    from services.trainer.checkpoint_convert import megatron_to_hf
+    from services.trainer.modeling.checkpoint_convert import megatron_to_hf
 
     grads = {name: p.grad for name, p in session.model.named_parameters()}
     return megatron_to_hf({(0, 0): grads}, session.layout)
@@ -208,8 +208,8 @@ def main() -> int:
 
     from services.common.preprocess import load_prompts
     from services.launch.prepare import prepare_run
-    from services.trainer.model import cpu_threads
-    from services.trainer.session import TrainerSession
+    from services.trainer.modeling.model import cpu_threads
+    from services.trainer.loop.session import TrainerSession
 
     torch.set_num_threads(args.threads or cpu_threads())
     work = work_dir("trainer-step")

@@ -1,7 +1,7 @@
 """Weight push of a whole model to 1, 2 and 4 rollout replicas, fan-out vs. chain, per bucket size,
 against a raw loopback TCP socket moving the same bytes.
 
-The push is the trainer's own (`services.trainer.weight_push.push_weights`: buckets of
+The push is the trainer's own (`services.trainer.weights.weight_push.push_weights`: buckets of
 `--buckets` MiB packed in a thread ahead of the wire, 4 MiB gRPC messages) into real rollout
 servers, and its time runs until every replica serves the new version: receive, staging in the
 vLLM worker, and the reload with generation paused. Fan-out sends one stream per replica; chain
@@ -28,7 +28,7 @@ from common import QWEN25_05B, add_device_arg, build_model, engine_env, engine_o
 from common import model_size, paired, parser, progress, ratio, start_replicas, stop_all, work_dir
 
 GOAL = 1.3
-MESSAGE_BYTES = 4 << 20  # the pusher's gRPC message size (services/trainer/weight_push.py)
+MESSAGE_BYTES = 4 << 20  # the pusher's gRPC message size (services/trainer/weights/weight_push.py)
 
 
 def raw_socket_seconds(total: int, message: bytes) -> float:
@@ -75,7 +75,7 @@ def main() -> int:
     import torch
     from safetensors.torch import load_file
 
-    from services.trainer.weight_push import push_weights
+    from services.trainer.weights.weight_push import push_weights
 
     work = work_dir("weights")
     model = build_model(work / "model", size)

@@ -26,9 +26,9 @@ def main() -> int:
 
     from services.common.config import InitModelConfig
     from services.common.tiny_model import build_tiny_model
-    from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
-    from services.trainer.logprobs import ForwardConfig, ResponseBatch, compute_logprobs
-    from services.trainer.model import ModelLayout, build_model, init_parallel
+    from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
+    from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs
+    from services.trainer.modeling.model import ModelLayout, build_model, init_parallel
 
     samples, reps = (16, 3) if args.quick else (64, 7)
     reps = args.reps or reps

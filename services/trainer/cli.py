@@ -32,10 +32,10 @@ def run(args: argparse.Namespace) -> int:
     """Runs the chosen sub-command; returns the exit status (2 for bad input)."""
     if args.trainer_command == "train":
         from services.common.config import load_config
-        from services.trainer.driver import train
+        from services.trainer.loop.driver import train
 
         return train(load_config(args.config, args.overrides), resume=args.resume, host=args.host, port=args.port)
-    from services.trainer.checkpoint_convert import convert_hf_to_megatron, convert_megatron_to_hf, describe
+    from services.trainer.modeling.checkpoint_convert import convert_hf_to_megatron, convert_megatron_to_hf, describe
 
     if args.trainer_command == "convert":
         try:

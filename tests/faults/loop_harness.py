@@ -220,7 +220,7 @@ class LoopSystem:
         return self.steps()
 
     def checkpoint_step(self) -> int | None:
-        from services.trainer.checkpoint import latest_step
+        from services.trainer.modeling.checkpoint import latest_step
 
         return latest_step(self.save_dir)
 

@@ -144,8 +144,8 @@ def reward_channel():
 
 @pytest.fixture(scope="module")
 def trainer_channel():
-    from services.trainer.control import TrainerControl
-    from services.trainer.server import start_server
+    from services.trainer.loop.control import TrainerControl
+    from services.trainer.loop.server import start_server
 
     server, port = start_server(TrainerControl(train_iters=4), "127.0.0.1", 0, token=TRAINER_TOKEN)
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -22,7 +22,7 @@ from services.rollout.launcher import spawn_replica
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
 from services.rollout.weight_chunks import weight_chunks
-from services.trainer.weight_push import push_weights
+from services.trainer.weights.weight_push import push_weights
 from tests.faults.loop_harness import descendants
 
 pytestmark = pytest.mark.service

@@ -117,8 +117,8 @@ def test_rollout_replicas_listen_on_loopback_only(rollout_servers, fault_log):
 
 
 def test_the_defaults_bind_loopback(fault_log):
-    from services.trainer.control import TrainerControl
-    from services.trainer.server import start_server
+    from services.trainer.loop.control import TrainerControl
+    from services.trainer.loop.server import start_server
 
     cfg = load_config(DEFAULT_CONFIG)
     defaults = {"rollout.host": cfg.rollout.host, "reward.host": cfg.reward.host, "trainer.host": cfg.trainer.host}

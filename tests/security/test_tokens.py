@@ -145,8 +145,8 @@ def test_rollout_reads_need_no_token(rollout, fault_log):
 
 @pytest.fixture(scope="module")
 def trainer():
-    from services.trainer.control import TrainerControl
-    from services.trainer.server import start_server
+    from services.trainer.loop.control import TrainerControl
+    from services.trainer.loop.server import start_server
 
     control = TrainerControl(train_iters=5)
     server, port = start_server(control, "127.0.0.1", 0, token=TRAINER_TOKEN)

@@ -11,8 +11,8 @@ import pytest
 from services.common.config import config_from_dict
 from services.common.preprocess import PromptRecord
 from services.dock.schema import DockLayout
-from services.trainer.iteration_data import RunAccounting, ack_batch, collect_iteration
-from services.trainer.prompt_stream import PromptStream
+from services.trainer.loop.iteration_data import RunAccounting, ack_batch, collect_iteration
+from services.trainer.loop.prompt_stream import PromptStream
 
 pytestmark = pytest.mark.service
 
@@ -125,7 +125,7 @@ def test_a_group_with_a_failed_row_is_dropped_counted_and_replaced_not_the_end_o
 def test_each_verifiers_part_reaches_the_trainers_metrics(dock_factory):
     """The reward worker stores each verifier's score in rm_parts; the trainer reads them with the batch and logs
     `{verifier}_rewards/mean` (MindSpeed-RL's names) beside reward/mean."""
-    from services.trainer.step_metrics import batch_metrics
+    from services.trainer.loop.step_metrics import batch_metrics
 
     cfg, dock, stream, books = _setup(dock_factory, 0)
     with Workers(dock):

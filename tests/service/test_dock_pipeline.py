@@ -76,7 +76,7 @@ def test_an_iteration_passes_every_row_through_every_consumer_once(dock_factory)
 def test_trainer_puts_a_large_iteration_in_whole_groups_and_every_row_arrives(dock_factory):
     # More rows than one put carries: the prompts go in several puts, each of whole groups.
     from services.common.preprocess import PromptRecord
-    from services.trainer.iteration_data import PROMPT_PUT_ROWS, put_prompts
+    from services.trainer.loop.iteration_data import PROMPT_PUT_ROWS, put_prompts
 
     n, groups = 8, PROMPT_PUT_ROWS // 8 * 2 + 3
     dock = dock_factory(DockLayout(n_samples_per_prompt=n, capacity_groups=groups))

@@ -80,8 +80,8 @@ def test_reward_and_trainer_servers_list_their_services_by_reflection(tmp_path):
     from services.common.config import config_from_dict
     from services.reward.pool import VerifierPool
     from services.reward.server import start_server
-    from services.trainer.control import TrainerControl
-    from services.trainer.server import start_server as start_trainer_server
+    from services.trainer.loop.control import TrainerControl
+    from services.trainer.loop.server import start_server as start_trainer_server
 
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2}})
     with VerifierPool(1, 5.0) as pool:

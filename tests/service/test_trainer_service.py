@@ -14,10 +14,10 @@ from trainer_helpers import megatron_tp1, tiny_hf_model  # noqa: E402
 from services.common.auth import bearer_metadata  # noqa: E402
 from services.common.config import MegatronTrainingConfig  # noqa: E402
 from services.common.pb import trainer_pb2, trainer_pb2_grpc  # noqa: E402
-from services.trainer.checkpoint import TrainState, checkpoint_handler, latest_step, load_checkpoint  # noqa: E402
-from services.trainer.control import TrainerControl  # noqa: E402
-from services.trainer.server import start_server  # noqa: E402
-from services.trainer.update import build_optimizer  # noqa: E402
+from services.trainer.modeling.checkpoint import TrainState, checkpoint_handler, latest_step, load_checkpoint  # noqa: E402
+from services.trainer.loop.control import TrainerControl  # noqa: E402
+from services.trainer.loop.server import start_server  # noqa: E402
+from services.trainer.algorithm.update import build_optimizer  # noqa: E402
 
 pytestmark = pytest.mark.service
 TOKEN = "s3cret-trainer"

@@ -13,10 +13,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from trainer_helpers import random_batch  # noqa: E402
 
-from services.trainer.checkpoint_convert import load_hf_state  # noqa: E402
-from services.trainer.critic import build_critic, compute_values  # noqa: E402
-from services.trainer.logprobs import ForwardConfig  # noqa: E402
-from services.trainer.model import ModelLayout, destroy_parallel, init_parallel  # noqa: E402
+from services.trainer.modeling.checkpoint_convert import load_hf_state  # noqa: E402
+from services.trainer.algorithm.critic import build_critic, compute_values  # noqa: E402
+from services.trainer.modeling.logprobs import ForwardConfig  # noqa: E402
+from services.trainer.modeling.model import ModelLayout, destroy_parallel, init_parallel  # noqa: E402
 
 CRITIC_BATCH = dict(seed=11, prompt_lengths=[3, 5, 2, 4], response_lengths=[4, 2, 6, 3])
 FORWARD = ForwardConfig(micro_batch_size=2)
@@ -25,7 +25,7 @@ FORWARD = ForwardConfig(micro_batch_size=2)
 def parity_critic_update(critic, batch):
     """One critic step on `batch` toward returns of 1.0 (two micro-batches, clipping on); (metrics, values after)."""
     from services.common.config import MegatronTrainingConfig
-    from services.trainer.critic import CriticUpdateConfig, build_critic_optimizer, critic_update
+    from services.trainer.algorithm.critic import CriticUpdateConfig, build_critic_optimizer, critic_update
 
     optimizer, scheduler = build_critic_optimizer(critic, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=1)
     cfg = CriticUpdateConfig(mini_batch_size=batch.size, clip_grad=0.5, cliprange_value=0.2, forward=FORWARD)

@@ -1,6 +1,6 @@
 """Prompt order: seeded epochs, and a cursor that resumes where it stopped."""
 from services.common.preprocess import PromptRecord
-from services.trainer.prompt_stream import PromptStream
+from services.trainer.loop.prompt_stream import PromptStream
 
 RECORDS = [PromptRecord(i, f"p{i}", [i], str(i)) for i in range(10)]
 

@@ -1,7 +1,7 @@
 """Run metrics land where a person looks: JSONL, TensorBoard scalars and a PNG."""
 import json
 
-from services.trainer.run_log import RunLog
+from services.trainer.loop.run_log import RunLog
 
 
 def test_run_log_writes_jsonl_tensorboard_and_png(tmp_path):

@@ -1,8 +1,8 @@
 """The per-step metrics a user reads in metrics.jsonl and TensorBoard, under MindSpeed-RL's names."""
 import pytest
 
-from services.trainer.iteration_data import ScoredBatch
-from services.trainer.step_metrics import batch_metrics, throughput_metrics
+from services.trainer.loop.iteration_data import ScoredBatch
+from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
 
 
 def _batch() -> ScoredBatch:

@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from services.trainer.advantages import gae_advantages, group_norm_advantages
-from services.trainer.dynamic_sampling import DynamicSampler, informative_groups
-from services.trainer.kl import kl_penalty
-from services.trainer.losses import PolicyLossConfig, policy_loss, value_loss
+from services.trainer.algorithm.advantages import gae_advantages, group_norm_advantages
+from services.trainer.algorithm.dynamic_sampling import DynamicSampler, informative_groups
+from services.trainer.algorithm.kl import kl_penalty
+from services.trainer.algorithm.losses import PolicyLossConfig, policy_loss, value_loss
 
 
 def test_group_norm_matches_mindspeed_rl_value():

@@ -6,11 +6,11 @@ import torch
 from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
 
 from services.common.config import MegatronTrainingConfig
-from services.trainer.advantages import group_norm_advantages
-from services.trainer.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
-from services.trainer.logprobs import compute_logprobs
-from services.trainer.losses import PolicyLossConfig
-from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+from services.trainer.algorithm.advantages import group_norm_advantages
+from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
+from services.trainer.modeling.logprobs import compute_logprobs
+from services.trainer.algorithm.losses import PolicyLossConfig
+from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
 
 MT = MegatronTrainingConfig(lr=3e-3, lr_warmup_fraction=0.25, lr_decay_style="cosine", min_lr=1e-4)
 CFG = UpdateConfig(mini_batch_size=4, shuffle_mini_batch=True, loss=PolicyLossConfig(entropy_coeff=0.01, kl_coef=0.1))

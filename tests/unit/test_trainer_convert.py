@@ -6,8 +6,8 @@ import torch
 from trainer_helpers import tiny_hf_model
 
 from services.trainer import cli
-from services.trainer.checkpoint_convert import hf_to_megatron, load_hf_state, load_megatron, megatron_to_hf
-from services.trainer.model import ModelLayout
+from services.trainer.modeling.checkpoint_convert import hf_to_megatron, load_hf_state, load_megatron, megatron_to_hf
+from services.trainer.modeling.model import ModelLayout
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

@@ -12,13 +12,13 @@ from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update
 from trainer_helpers import random_batch, tiny_hf_model
 
 from services.common.config import MegatronTrainingConfig, RLConfig
-from services.trainer.advantages import gae_advantages, ppo_targets, token_level_rewards
-from services.trainer.checkpoint import TrainState, latest_step
-from services.trainer.checkpoint_convert import load_hf_state
-from services.trainer.critic import (CriticUpdateConfig, build_critic, build_critic_optimizer, compute_values, critic_checkpoint_root,
+from services.trainer.algorithm.advantages import gae_advantages, ppo_targets, token_level_rewards
+from services.trainer.modeling.checkpoint import TrainState, latest_step
+from services.trainer.modeling.checkpoint_convert import load_hf_state
+from services.trainer.algorithm.critic import (CriticUpdateConfig, build_critic, build_critic_optimizer, compute_values, critic_checkpoint_root,
                                      critic_update, load_critic_checkpoint, save_critic_checkpoint)
-from services.trainer.logprobs import ForwardConfig, ResponseBatch
-from services.trainer.model import ModelLayout, init_parallel
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch
+from services.trainer.modeling.model import ModelLayout, init_parallel
 
 WORKER = pathlib.Path(__file__).with_name("critic_parallel_worker.py")
 MT = MegatronTrainingConfig(lr=2e-3, clip_grad=1.0)
@@ -132,8 +132,8 @@ def test_critic_steps_move_values_toward_fixed_returns(hf_dir):
 def test_one_ppo_iteration_raises_the_rewarded_responses(hf_dir):
     from trainer_helpers import megatron_tp1
 
-    from services.trainer.logprobs import compute_logprobs
-    from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+    from services.trainer.modeling.logprobs import compute_logprobs
+    from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
 
     actor, _ = megatron_tp1(hf_dir)
     critic = tp1_critic(hf_dir)

@@ -3,7 +3,7 @@ import pytest
 import torch
 from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
 
-from services.trainer.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches
 
 LENGTHS = dict(prompt_lengths=[3, 5, 2, 4, 6], response_lengths=[4, 1, 6, 3, 2])
 

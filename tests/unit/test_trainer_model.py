@@ -10,8 +10,8 @@ import torch
 from trainer_helpers import megatron_tp1, random_batch, response_nll, tiny_hf_model
 from trainer_parallel_worker import PARITY_BATCH, parity_update
 
-from services.trainer.checkpoint_convert import load_hf_state, megatron_to_hf
-from services.trainer.logprobs import forward_micro_batch
+from services.trainer.modeling.checkpoint_convert import load_hf_state, megatron_to_hf
+from services.trainer.modeling.logprobs import forward_micro_batch
 
 WORKER = pathlib.Path(__file__).with_name("trainer_parallel_worker.py")
 

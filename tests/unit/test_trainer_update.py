@@ -7,10 +7,10 @@ import torch
 from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
 
 from services.common.config import MegatronTrainingConfig
-from services.trainer.advantages import group_norm_advantages
-from services.trainer.logprobs import ForwardConfig, compute_logprobs
-from services.trainer.losses import PolicyLossConfig
-from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, clip_grad_norm, update_policy
+from services.trainer.algorithm.advantages import group_norm_advantages
+from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs
+from services.trainer.algorithm.losses import PolicyLossConfig
+from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, clip_grad_norm, update_policy
 
 N = 4
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
@@ -108,8 +108,8 @@ def test_update_hands_back_the_log_probs_before_its_first_step(hf_dir, cfg):
 
 
 def test_rollout_agreement_compares_only_samples_the_current_weights_generated_whole():
-    from services.trainer.iteration_data import ScoredBatch
-    from services.trainer.session import rollout_agreement
+    from services.trainer.loop.iteration_data import ScoredBatch
+    from services.trainer.loop.session import rollout_agreement
 
     trainer = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]])
     # sample 0: two tokens of version 3 (current), one of version 2 (a partial rollout's older round); sample 1: two tokens

@@ -7,7 +7,7 @@ import torch
 
 from services.common.config import InitModelConfig
 from services.common.tiny_model import build_tiny_model
-from services.trainer.logprobs import ResponseBatch
+from services.trainer.modeling.logprobs import ResponseBatch
 
 
 def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed: int = 0) -> pathlib.Path:
@@ -39,8 +39,8 @@ def random_batch(seed: int, prompt_lengths: list[int], response_lengths: list[in
 
 def megatron_tp1(hf_dir: pathlib.Path):
     """This process's TP=1 megatron model loaded from `hf_dir` (initialises parallel state once per process)."""
-    from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
-    from services.trainer.model import ModelLayout, build_model, init_parallel
+    from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
+    from services.trainer.modeling.model import ModelLayout, build_model, init_parallel
 
     torch.set_num_threads(1)
     init_parallel(1, 1)

@@ -15,11 +15,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from trainer_helpers import random_batch  # noqa: E402
 
-from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
-from services.trainer.logprobs import ForwardConfig, compute_logprobs, run_micro_batches  # noqa: E402
-from services.trainer.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
-from services.trainer.update import build_optimizer, update_policy  # noqa: E402
-from services.trainer.weight_bucket import gather_hf_weights  # noqa: E402
+from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
+from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, run_micro_batches  # noqa: E402
+from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
+from services.trainer.algorithm.update import build_optimizer, update_policy  # noqa: E402
+from services.trainer.weights.weight_bucket import gather_hf_weights  # noqa: E402
 
 PARITY_BATCH = dict(seed=3, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6])
 
@@ -27,9 +27,9 @@ PARITY_BATCH = dict(seed=3, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6]
 def parity_update(model, batch):
     """One GRPO update of `batch` (one group of 3, one sample per micro-batch); its metrics."""
     from services.common.config import MegatronTrainingConfig
-    from services.trainer.advantages import group_norm_advantages
-    from services.trainer.losses import PolicyLossConfig
-    from services.trainer.update import TrainBatch, UpdateConfig
+    from services.trainer.algorithm.advantages import group_norm_advantages
+    from services.trainer.algorithm.losses import PolicyLossConfig
+    from services.trainer.algorithm.update import TrainBatch, UpdateConfig
 
     optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=2)
     cfg = UpdateConfig(mini_batch_size=3, clip_grad=0.5, forward=ForwardConfig(micro_batch_size=1),

@@ -214,7 +214,7 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
     (rl_config.filter_groups_enable), groups whose samples all scored the same are dropped and more
     prompts are drawn, up to filter_groups_max_batches rounds.
     """
-    from services.trainer.dynamic_sampling import DynamicSampler
+    from services.trainer.algorithm.dynamic_sampling import DynamicSampler
 
     rl, gbs = cfg.rl_config, cfg.megatron_training.global_batch_size
     n, eta = rl.n_samples_per_prompt, rl.max_staleness

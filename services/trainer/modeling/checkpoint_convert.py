@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from services.trainer.model import ModelLayout
+from services.trainer.modeling.model import ModelLayout
 
 ShardKey = tuple[int, int]  # (pipeline rank, tensor rank)
 MEGATRON_FILE = "model_optim_rng.pt"

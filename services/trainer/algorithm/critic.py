@@ -17,13 +17,13 @@ from typing import Callable
 
 import torch
 
-from services.trainer.checkpoint import TrainState, load_checkpoint, save_checkpoint
-from services.trainer.logprobs import (ForwardConfig, ModelInputs, ResponseBatch, micro_batches, model_inputs,
+from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, save_checkpoint
+from services.trainer.modeling.logprobs import (ForwardConfig, ModelInputs, ResponseBatch, micro_batches, model_inputs,
                                       positions_predicting_responses)
-from services.trainer.losses import value_loss
-from services.trainer.masked import masked_mean
-from services.trainer.model import ModelLayout, build_model, compute_device
-from services.trainer.update import broadcast_from_last_stage, build_optimizer, mini_batch_order, optimizer_step
+from services.trainer.algorithm.losses import value_loss
+from services.trainer.algorithm.masked import masked_mean
+from services.trainer.modeling.model import ModelLayout, build_model, compute_device
+from services.trainer.algorithm.update import broadcast_from_last_stage, build_optimizer, mini_batch_order, optimizer_step
 
 VALUE_HEAD_INIT_STD = 0.02  # HF's initializer_range for the score head of a token-classification model
 CRITIC_CHECKPOINT_DIR = "critic"
@@ -57,7 +57,7 @@ def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: 
     """
     from megatron.core import parallel_state
 
-    from services.trainer.checkpoint_convert import load_hf_into_model
+    from services.trainer.modeling.checkpoint_convert import load_hf_into_model
 
     model = build_model(layout, dtype)
     load_hf_into_model(model, hf_state, layout)
@@ -99,7 +99,7 @@ def run_critic_micro_batches(critic, parts: list[ResponseBatch], packed: bool,
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        from services.trainer.pipeline import pipelined_micro_batches
+        from services.trainer.modeling.pipeline import pipelined_micro_batches
 
         stage_loss = None if loss_fn is None else (lambda i, values, _unused: loss_fn(i, values))
         results = pipelined_micro_batches(critic, parts, [model_inputs(p, packed) for p in parts], _values_as_stats, stage_loss)

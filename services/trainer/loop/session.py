@@ -15,18 +15,18 @@ import torch
 
 from services.common.config import Config
 from services.common.log import log_event
-from services.trainer.advantages import group_norm_advantages, ppo_targets
-from services.trainer.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
-from services.trainer.checkpoint_convert import load_hf_into_model, load_hf_state
-from services.trainer.control import TrainerControl
-from services.trainer.critic import Critic
-from services.trainer.iteration_data import ScoredBatch
-from services.trainer.logprobs import ResponseBatch, compute_logprobs
-from services.trainer.masked import masked_mean
-from services.trainer.model import ModelLayout, build_model, destroy_parallel, init_parallel
-from services.trainer.server import start_server
-from services.trainer.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
-from services.trainer.weight_bucket import gather_hf_weights
+from services.trainer.algorithm.advantages import group_norm_advantages, ppo_targets
+from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
+from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
+from services.trainer.loop.control import TrainerControl
+from services.trainer.algorithm.critic import Critic
+from services.trainer.loop.iteration_data import ScoredBatch
+from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
+from services.trainer.algorithm.masked import masked_mean
+from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel
+from services.trainer.loop.server import start_server
+from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+from services.trainer.weights.weight_bucket import gather_hf_weights
 
 
 def _world() -> tuple[int, int]:

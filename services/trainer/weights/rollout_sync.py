@@ -14,7 +14,7 @@ from services.common.config import Config
 from services.common.errors import Unavailable
 from services.common.log import log_event
 from services.dock.registry import ReplicaRegistry
-from services.trainer.weight_push import PushResult, push_weights
+from services.trainer.weights.weight_push import PushResult, push_weights
 
 logger = logging.getLogger("dockrl.trainer")
 ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

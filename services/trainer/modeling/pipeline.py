@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from services.trainer.model import compute_device
+from services.trainer.modeling.model import compute_device
 
 
 def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, loss_fn: Callable | None) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -13,7 +13,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, grpc_abo
 from services.common.grpc_decode import DecodeErrorInterceptor
 from services.common.grpc_serving import start_with_health
 from services.common.pb import trainer_pb2, trainer_pb2_grpc
-from services.trainer.control import TrainerControl
+from services.trainer.loop.control import TrainerControl
 
 SERVICE_NAME = "dockrl.trainer.v1.Trainer"
 PROTECTED_METHODS = tuple(f"/{SERVICE_NAME}/{m}" for m in ("Checkpoint", "Pause", "Resume"))

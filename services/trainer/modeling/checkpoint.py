@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from services.trainer.checkpoint_convert import MEGATRON_FILE, shard_dir_name
+from services.trainer.modeling.checkpoint_convert import MEGATRON_FILE, shard_dir_name
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
@@ -106,7 +106,7 @@ def save_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, state
 
 def load_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, step: int | None = None) -> TrainState:
     """Restores model, optimizer, scheduler and RNG from `root` (the latest step unless given); returns the saved state."""
-    from services.trainer.checkpoint_convert import load_shard
+    from services.trainer.modeling.checkpoint_convert import load_shard
 
     step = latest_step(root) if step is None else step
     if step is None:

@@ -25,12 +25,12 @@ from services.common.config import Config
 from services.common.log import log_event, setup_logging
 from services.common.preprocess import load_prompts
 from services.dock.scripts import DockMissing
-from services.trainer.checkpoint import latest_step
-from services.trainer.cpu_shims import accelerator_present
-from services.trainer.model import cpu_threads
-from services.trainer.run_leader import RunLeader
-from services.trainer.session import TrainerSession
-from services.trainer.step_metrics import batch_metrics, throughput_metrics
+from services.trainer.modeling.checkpoint import latest_step
+from services.trainer.modeling.cpu_shims import accelerator_present
+from services.trainer.modeling.model import cpu_threads
+from services.trainer.loop.run_leader import RunLeader
+from services.trainer.loop.session import TrainerSession
+from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
 
 
 def _report_lost_dock(logger, session: TrainerSession, exc: DockMissing) -> None:

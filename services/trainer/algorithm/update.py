@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from services.trainer.kl import kl_penalty
-from services.trainer.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches, run_micro_batches
-from services.trainer.losses import PolicyLossConfig, policy_loss
-from services.trainer.model import compute_device
+from services.trainer.algorithm.kl import kl_penalty
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches, run_micro_batches
+from services.trainer.algorithm.losses import PolicyLossConfig, policy_loss
+from services.trainer.modeling.model import compute_device
 
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")

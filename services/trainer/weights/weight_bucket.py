@@ -109,7 +109,7 @@ def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from services.trainer.checkpoint_convert import megatron_to_hf
+    from services.trainer.modeling.checkpoint_convert import megatron_to_hf
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()

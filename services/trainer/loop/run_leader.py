@@ -16,10 +16,10 @@ from services.common.preprocess import PromptRecord, load_prompts
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
-from services.trainer.iteration_data import RunAccounting, ScoredBatch, ack_batch, collect_iteration
-from services.trainer.prompt_stream import PromptStream
-from services.trainer.rollout_sync import ReplicaSync
-from services.trainer.run_log import RunLog
+from services.trainer.loop.iteration_data import RunAccounting, ScoredBatch, ack_batch, collect_iteration
+from services.trainer.loop.prompt_stream import PromptStream
+from services.trainer.weights.rollout_sync import ReplicaSync
+from services.trainer.loop.run_log import RunLog
 
 logger = logging.getLogger("dockrl.trainer")
 
@@ -85,7 +85,7 @@ class RunLeader:
 
     def evaluate(self, step: int, version: int) -> dict[str, float]:
         """Greedy accuracy on each evaluation set, through the rollout and reward services."""
-        from services.trainer.evaluation import evaluate
+        from services.trainer.loop.evaluation import evaluate
 
         results = {}
         for name, records in self.eval_sets.items():

@@ -121,7 +121,7 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from services.trainer.cpu_shims import apply_cpu_shims
+    from services.trainer.modeling.cpu_shims import apply_cpu_shims
 
     on_cpu = apply_cpu_shims()
     if not dist.is_initialized():
@@ -201,7 +201,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    from services.trainer.cpu_shims import SDPACoreAttention, accelerator_present
+    from services.trainer.modeling.cpu_shims import SDPACoreAttention, accelerator_present
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.kl import kl_penalty
-from services.trainer.masked import masked_whiten
+from services.trainer.algorithm.kl import kl_penalty
+from services.trainer.algorithm.masked import masked_whiten
 
 GROUP_NORM_EPS = 1e-6
 

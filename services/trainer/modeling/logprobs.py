@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from services.trainer.model import compute_device
+from services.trainer.modeling.model import compute_device
 
 
 @dataclass(frozen=True)
@@ -183,12 +183,12 @@ def run_micro_batches(model, parts: list[ResponseBatch], packed: bool,
     """Forward (and, with `loss_fn`, backward) over micro-batches; every rank gets each part's (log-probs, entropy).
 
     One pipeline stage: part by part, each backward right after its forward. Several stages:
-    services.trainer.pipeline's schedule.
+    services.trainer.modeling.pipeline's schedule.
     """
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        from services.trainer.pipeline import pipelined_micro_batches
+        from services.trainer.modeling.pipeline import pipelined_micro_batches
 
         return pipelined_micro_batches(model, parts, [model_inputs(p, packed) for p in parts], response_stats, loss_fn)
     results = []

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.trainer.masked import masked_mean
+from services.trainer.algorithm.masked import masked_mean
 
 
 LOG_RATIO_LIMIT = 20.0
@@ -59,7 +59,7 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
                 kl: torch.Tensor | None = None, behaviour_logprob: torch.Tensor | None = None) -> PolicyLoss:
     """Clipped surrogate loss with dual-clip, plus -entropy_coeff * entropy and + kl_coef * kl.
 
-    All tensors [B, L]; `kl` is a per-token estimate (services.trainer.kl). pg_clipfrac is the
+    All tensors [B, L]; `kl` is a per-token estimate (services.trainer.algorithm.kl). pg_clipfrac is the
     fraction of tokens where the clipped term is the one taken; pg_clipfrac_lower the fraction
     with negative advantage where the dual-clip bound is taken.
 

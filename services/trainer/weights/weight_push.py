@@ -20,7 +20,7 @@ from typing import Iterator, Mapping
 
 import torch
 
-from services.trainer.weight_bucket import WeightBucket, pack_bucket, plan_buckets
+from services.trainer.weights.weight_bucket import WeightBucket, pack_bucket, plan_buckets
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * (1 << 20)  # gRPC's default receive limit
 HEADER_SLACK_BYTES = 1024  # framing of the non-data fields of a chunk

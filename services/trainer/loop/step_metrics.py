@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-from services.trainer.iteration_data import ScoredBatch
+from services.trainer.loop.iteration_data import ScoredBatch
 
 
 def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt: int,
