@@ -16,16 +16,13 @@ rollout + reward; T: train; S: weight push), a synchronous iteration costs R + T
 rollout and trainer on devices of their own and eta >= 1, max(R, T + S): rollout of the next
 batch overlaps the update and the push. Its prediction is printed beside the measured speedup;
 here both sides share two cores, so the overlap cannot add compute, only fill idle time.
-"With interruption" runs add partial rollout (max_split 4) with rl_config.interruptible_rollout:
-rows still generating when the iteration's target of complete groups exists are stopped and
-resumed later (--quick leaves these runs out: they double the time).
+Interruptible partial rollout is not built (docs/trainer.md), so there is no "with interruption" column.
 
-    python bench/bench_async.py --quick     # 6 iterations, one repetition, no interruption runs (CI)
-    python bench/bench_async.py             # 16 iterations, 3 repetitions, with and without interruption
+    python bench/bench_async.py --quick     # 6 iterations, one repetition (CI)
+    python bench/bench_async.py             # 16 iterations, 3 repetitions
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from bench_e2e import run_up
@@ -33,7 +30,6 @@ from common import machine_line, median, parser, progress, ratio, work_dir
 from services.trainer.loop.run_log import draw_timeline
 
 ETAS = (0, 1, 2)
-INTERRUPT = ["rl_config.partial_rollout_max_split=4", "rl_config.interruptible_rollout=true"]
 GOAL = 1.3
 AREAL_REPORTED = 2.77  # AReaL's paper: its asynchronous system over a synchronous one, same GPUs
 
@@ -47,11 +43,7 @@ def main() -> int:
     p = parser(__doc__, "6 iterations (the first and the last two left out), one repetition (CI)")
     p.add_argument("--iters", type=int, default=None, help="GRPO iterations per run (default 16; --quick 6)")
     p.add_argument("--skip", type=int, default=None, help="first iterations left out (default 2; --quick 1)")
-    p.add_argument("--interrupt", action=argparse.BooleanOptionalAction, default=None,
-                   help="also run each eta with interruptible partial rollout (default on; --quick off)")
     args = p.parse_args()
-    interrupt = args.interrupt if args.interrupt is not None else not args.quick
-    variants = [(eta, False) for eta in ETAS] + ([(eta, True) for eta in ETAS] if interrupt else [])
     iters = args.iters or (6 if args.quick else 16)
     skip = args.skip if args.skip is not None else (1 if args.quick else 2)
     reps = args.reps or (1 if args.quick else 3)
@@ -61,26 +53,22 @@ def main() -> int:
     from services.common.config import load_config
 
     root = work_dir("async")
-    def name(eta: int, interrupted: bool) -> str:
-        return f"eta {eta}" + (" interruptible" if interrupted else "")
-
-    rates: dict[str, list[float]] = {name(*v): [] for v in variants}
+    rates: dict[str, list[float]] = {f"eta {eta}": [] for eta in ETAS}
     sync_records: list[dict] = []
     last_records: dict[str, list[dict]] = {}
     samples = 0
     for rep in range(reps):
-        for eta, interrupted in variants:
-            label = name(eta, interrupted)
-            work = root / f"{label.replace(' ', '-')}-rep{rep}"
-            sets = [f"rl_config.max_staleness={eta}", *(INTERRUPT if interrupted else [])]
-            records = run_up(work, iters, sets)[skip:iters - max(ETAS)]
+        for eta in ETAS:
+            label = f"eta {eta}"
+            work = root / f"eta{eta}-rep{rep}"
+            records = run_up(work, iters, [f"rl_config.max_staleness={eta}"])[skip:iters - max(ETAS)]
             cfg = load_config(str(work / "logs/config.yaml"))
             samples = cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
             rates[label].append(trained_samples_per_s(records, samples))
             lag = max(r["policy_lag/max"] for r in records)
             progress(f"rep {rep + 1}/{reps} {label}: {rates[label][-1]:.1f} trained samples/s, policy lag max {lag:.0f}")
             last_records[label] = records
-            if (eta, interrupted) == (0, False):
+            if eta == 0:
                 sync_records += records
     print(machine_line())
     print(f"{iters} iterations a run (first {skip} and last {max(ETAS)} left out), {samples} samples an iteration, {reps} repetitions")
@@ -96,7 +84,7 @@ def main() -> int:
     print(f"eta 0 stages (median s): rollout + reward {rollout_s:.3f}, train {train_s:.3f}, weight push {push_s:.3f}")
     ratio("predicted eta >= 1 / eta 0 with rollout and trainer on their own devices", predicted)
     timeline = root / "async_timeline.png"
-    draw_timeline({k: v for k, v in last_records.items() if "interruptible" not in k}, timeline, iterations=8, title="trainer timeline: synchronous vs asynchronous (rl_config.max_staleness)")
+    draw_timeline(last_records, timeline, iterations=8, title="trainer timeline: synchronous vs asynchronous (rl_config.max_staleness)")
     print(f"timeline of the last repetition's runs: {timeline}")
     print(f"AReaL reports {AREAL_REPORTED}x over a synchronous system; it adds interruptible generation and a "
           "rollout fleet several times the trainer's, where this model has one replica and the tiny job's stages.")

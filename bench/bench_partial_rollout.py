@@ -17,10 +17,6 @@ roughly geometric, most far below --max-tokens, a few percent at it. Under max_s
 waits for its longest sample; with splits, a round generates at most max_tokens/split tokens, the
 groups that finish are trained, and the rest continue in the next iteration.
 
-The largest max_split runs once more with rl_config.interruptible_rollout: once the iteration's
-GBS groups are complete, the replica stops its rows in flight and puts them back (age + 1), so
-the iteration does not wait for the round's slowest rows either.
-
 Goal: the iteration with max_split 4 takes at most 0.6x the one with max_split 1.
 
     python bench/bench_partial_rollout.py --quick     # max_split 1 and 4, small batch (CI)
@@ -43,18 +39,13 @@ GOAL = 0.6
 PROMPT_LEN = 8
 
 
-def run_name(split: int, interrupt: bool) -> str:
-    return f"max_split {split}" + (" interruptible" if interrupt else "")
-
-
-def run_overrides(split: int, args, prefix: str, interrupt: bool = False) -> list[str]:
+def run_overrides(split: int, args, prefix: str) -> list[str]:
     """The config of one run: its own dock run, its max_split, long-tail sampling, one claim for the whole pool."""
     capacity_rows = args.gbs * args.n * (2 if split > 1 else 1)  # the dock's default capacity (docs/dock.md)
     stops = ",".join(f'"{c}"' for c in string.ascii_lowercase[:args.stop_chars])
     # no sampling seed: over near-uniform logits one seed would draw the same tokens for every sample
     return [
-        f"dock.prefix={prefix}", f"dock.run_id=split{split}{'i' if interrupt else ''}", "dock.claim_poll_s=0.02",
-        "rollout.max_queue=1024", f"rl_config.interruptible_rollout={str(interrupt).lower()}",
+        f"dock.prefix={prefix}", f"dock.run_id=split{split}", "dock.claim_poll_s=0.02", "rollout.max_queue=1024",
         f"megatron_training.global_batch_size={args.gbs}", f"rl_config.n_samples_per_prompt={args.n}",
         f"rl_config.partial_rollout_max_split={split}", f"rl_config.rollout_max_tokens={args.max_tokens}",
         f"rl_config.actor_rollout_dispatch_size={capacity_rows}",
@@ -129,34 +120,31 @@ def main() -> int:
     prefix = f"bench-partial-{uuid.uuid4().hex[:8]}"
     progress(f"tiny model; max_split {args.splits}; GBS {args.gbs} x n {args.n}, max {args.max_tokens} tokens, "
              f"{args.stop_chars} stop tokens, {reps} reps after {args.warmups} warm-up iterations")
-    runs = [(s, False) for s in args.splits] + ([(max(args.splits), True)] if max(args.splits) > 1 else [])
-    trainers = {run: TrainerSide(args.redis_url, run_overrides(run[0], args, prefix, run[1])) for run in runs}
+    trainers = {s: TrainerSide(args.redis_url, run_overrides(s, args, prefix)) for s in args.splits}
     replicas = []
     try:
-        replicas = start_replicas(model, work, {f"split{s}{'i' if i else ''}": [*engine_overrides("cpu", 1, "float32"),
-                                                                                  *run_overrides(s, args, prefix, i)]
-                                                for s, i in runs}, engine_env("cpu"), extra_args=("--dock", args.redis_url))
+        replicas = start_replicas(model, work, {f"split{s}": [*engine_overrides("cpu", 1, "float32"), *run_overrides(s, args, prefix)]
+                                                for s in args.splits}, engine_env("cpu"), extra_args=("--dock", args.redis_url))
         times = {}
-        for run, t in trainers.items():
-            times.update(interleaved({run_name(*run): t.iteration}, reps, args.warmups, label=f"{run_name(*run)}: "))
+        for s, t in trainers.items():
+            times.update(interleaved({f"max_split {s}": t.iteration}, reps, args.warmups, label=f"max_split {s}: "))
     finally:
         stop_all(replicas)
         for t in trainers.values():
             t.dock.destroy()
 
     print(machine_line())
-    lengths = np.array(trainers[(args.splits[0], False)].lengths)
+    lengths = np.array(trainers[args.splits[0]].lengths)
     print(f"response lengths (max_split {args.splits[0]}, {len(lengths)} samples): median {statistics.median(lengths):.0f}, "
           f"p90 {np.percentile(lengths, 90):.0f}, at the max {np.mean(lengths >= args.max_tokens):.1%}")
-    first = run_name(args.splits[0], False)
-    base = median(times[first])
-    print(f"{'run':>26}{'median s/iter':>15}{'vs first':>10}   per-rep s")
-    for run in runs:
-        t = times[run_name(*run)]
-        print(f"{run_name(*run):>26}{median(t):>15.3f}{median(t) / base:>10.2f}   {' '.join(f'{x:.2f}' for x in t)}")
-    for run in runs[1:]:
-        ratio(f"iteration time {run_name(*run)} / {first}", median(times[run_name(*run)]) / base,
-              at_most=GOAL if run[0] == 4 else None)
+    base = median(times[f"max_split {args.splits[0]}"])
+    print(f"{'max_split':>10}{'median s/iter':>15}{'vs first':>10}   per-rep s")
+    for s in args.splits:
+        t = times[f"max_split {s}"]
+        print(f"{s:>10}{median(t):>15.3f}{median(t) / base:>10.2f}   {' '.join(f'{x:.2f}' for x in t)}")
+    for s in args.splits[1:]:
+        ratio(f"iteration time max_split {s} / max_split {args.splits[0]}", median(times[f"max_split {s}"]) / base,
+              at_most=GOAL if s == 4 else None)
     return 0
 
 

@@ -99,7 +99,6 @@ class RLConfig:
     shuffle_mini_batch: bool = False  # shuffle samples before splitting into mini-batches
     guarantee_order: bool = False  # claims return rows in index order (reproducible runs)
     partial_rollout_max_split: int = 1  # split a response budget into this many rollout rounds (1: off)
-    interruptible_rollout: bool = False  # partial rollout: once the iteration's target of complete groups exists, replicas stop their rows in flight and put them back (age + 1)
     require_max_age_all_finished: bool = True  # finish every group at the maximum age before the iteration ends
     rollout_max_tokens: int = 2048  # response budget the overlong penalty measures against
     overlong_buffer_enable: bool = False  # DAPO overlong reward shaping
@@ -540,9 +539,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "
             f"when overlong_buffer_enable is true, got {rl.overlong_buffer}"
         )
-    if rl.interruptible_rollout and rl.partial_rollout_max_split < 2:
-        errors.append("rl_config.interruptible_rollout: stops rows in flight and puts them back to resume, which is partial "
-                      "rollout; set rl_config.partial_rollout_max_split >= 2")
     if rl.behav_imp_weight_cap and rl.behav_imp_weight_cap <= 1:
         errors.append(f"rl_config.behav_imp_weight_cap: must be 0 (no cap) or > 1, got {rl.behav_imp_weight_cap!r}")
     if rl.behav_imp_weight_cap and not rl.use_decoupled_loss:

@@ -7,12 +7,6 @@ sample per row, continuing any partial response, for at most the partial-rollout
 put the unfinished ones back as partial (age + 1). The replica is registered in the dock's
 replica registry with a heartbeat, so the trainer's weight push finds it.
 
-With rl_config.interruptible_rollout (partial rollout), a watcher asks the dock every
-INTERRUPT_POLL_S whether the iteration's target of complete groups exists (`rollout_done`); once
-it does, the claim's rows still generating stop where they are and go back as partial rows (age
-+ 1) with their tokens, so the trainer's iteration does not wait on the long tail and the next
-round resumes them, oldest first (MindSpeed-RL's async engine; slime aborts and buffers).
-
 On stop (the replica drains) it claims nothing more; the claim it holds runs on until it ends or
 the server aborts the engine's requests at the drain's deadline. Then rows that finished are put,
 and the others go back to the dock: under partial rollout with the tokens, logprobs and versions
@@ -22,7 +16,6 @@ generated so far (a partial put); otherwise released to start over, each with it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -39,7 +32,6 @@ log = logging.getLogger("dockrl.rollout.dock")
 
 PARTIAL_COLUMNS = ("responses", "rollout_log_probs", "versions")
 CLAIM_WAIT_S = 1.0  # a claim waits this long for rows before the loop checks for stop
-INTERRUPT_POLL_S = 0.1  # interruptible rollout: how often a claim in flight asks whether the target is reached
 QUEUE_RETRY_S = 0.05
 
 
@@ -51,7 +43,6 @@ class RowResult:
     sample: Completion  # prior partial response + what this claim generated
     finished: bool = False  # False: budget spent before max_tokens (or aborted); goes back as partial
     generated: int = 0  # tokens this claim added
-    interrupted: bool = False  # stopped in flight because the iteration's target was reached (interruptible rollout)
 
 
 def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
@@ -79,7 +70,6 @@ class DockWorker:
         self.address = address
         self.max_tokens = cfg.generate_config.sampling_config.max_tokens
         self.max_split = cfg.rl_config.partial_rollout_max_split
-        self.interruptible = cfg.rl_config.interruptible_rollout and self.max_split > 1
 
     async def register(self) -> None:
         """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
@@ -148,18 +138,11 @@ class DockWorker:
                 log_event(log, "heartbeat failed", level=logging.WARNING, error=str(exc))
 
     async def _process(self, claim) -> None:
-        interrupt = asyncio.Event()
         rows = []
         for i, index in enumerate(claim.indexes):
             prior = [claim.columns.get(c, [None] * len(claim))[i] for c in PARTIAL_COLUMNS]
-            rows.append(self._generate(index, list(claim.columns["prompts"][i]), *prior, interrupt=interrupt))
-        watcher = asyncio.create_task(self._interrupt_at_target(interrupt)) if self.interruptible else None
-        try:
-            results = await asyncio.gather(*rows)
-        finally:
-            if watcher is not None:
-                watcher.cancel()
-        interrupted = sum(1 for r in results if r.interrupted)
+            rows.append(self._generate(index, list(claim.columns["prompts"][i]), *prior))
+        results = await asyncio.gather(*rows)
         layout = self.dock.layout
         if layout.partial_rollout:
             # Rows that got tokens go back with them (a later claim resumes them); rows cut at the drain's
@@ -186,21 +169,9 @@ class DockWorker:
         if unchanged:
             await asyncio.to_thread(self.dock.release, claim.lease, unchanged)
         log_event(log, "claim done", rows=len(results), finished=len(done), partial=len(resumable), released=len(unchanged),
-                  interrupted=interrupted, version=version)
+                  version=version)
 
-    async def _interrupt_at_target(self, interrupt: asyncio.Event) -> None:
-        """Sets `interrupt` once the dock says the iteration's target of complete groups exists."""
-        while True:
-            await asyncio.sleep(INTERRUPT_POLL_S)
-            try:
-                if await asyncio.to_thread(self.dock.rollout_done):
-                    interrupt.set()
-                    return
-            except DockrlError:  # Redis away for a moment: the rows just run on
-                continue
-
-    async def _generate(self, index: int, prompt: list[int], response, logprobs, versions,
-                        interrupt: asyncio.Event | None = None) -> RowResult:
+    async def _generate(self, index: int, prompt: list[int], response, logprobs, versions) -> RowResult:
         sample = Completion(
             token_ids=[int(t) for t in (response if response is not None else [])],
             logprobs=[float(x) for x in (logprobs if logprobs is not None else [])],
@@ -221,12 +192,7 @@ class DockWorker:
                 sample.finish_reason = "failed"
                 return RowResult(index, sample, finished=True)
         prior = len(sample.token_ids)
-        interrupted = False
-        async with contextlib.aclosing(stream.deltas()) as deltas:  # leaving early aborts the request in the engine
-            async for delta in deltas:
-                sample.add(delta)
-                if interrupt is not None and interrupt.is_set() and sample.finish_reason is None:
-                    interrupted = True
-                    break
+        async for delta in stream.deltas():
+            sample.add(delta)
         finished = sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens
-        return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior, interrupted=interrupted and not finished)
+        return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior)
