@@ -16,7 +16,7 @@ from services.trainer.algorithm.advantages import gae_advantages, ppo_targets, t
 from services.trainer.modeling.checkpoint import TrainState, latest_step
 from services.trainer.modeling.checkpoint_convert import load_hf_state
 from services.trainer.algorithm.critic import (CriticUpdateConfig, build_critic, build_critic_optimizer, compute_values, critic_checkpoint_root,
-                                     critic_update, load_critic_checkpoint, save_critic_checkpoint)
+                                               critic_update, load_critic_checkpoint, save_critic_checkpoint)
 from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch
 from services.trainer.modeling.model import ModelLayout, init_parallel
 

@@ -19,7 +19,7 @@ import torch
 
 from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, save_checkpoint
 from services.trainer.modeling.logprobs import (ForwardConfig, ModelInputs, ResponseBatch, micro_batches, model_inputs,
-                                      positions_predicting_responses)
+                                                positions_predicting_responses)
 from services.trainer.algorithm.losses import value_loss
 from services.trainer.algorithm.masked import masked_mean
 from services.trainer.modeling.model import ModelLayout, build_model, compute_device
