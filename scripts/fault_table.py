@@ -27,8 +27,7 @@ script, to refresh it. The "whole loop" rows come from `tests/faults/test_whole_
 training run of real processes (Redis, two vLLM rollout replicas, two reward workers, the trainer)
 that takes a SIGKILL of a rollout replica and of a reward worker while they hold rows, a Redis
 crash (SIGKILL) while the trainer holds rows and a restart on its AOF, a SIGKILL of the trainer
-and `--resume`, and a Redis that comes back empty; once synchronous ("whole loop") and once with
-`rl_config.max_staleness` 1 ("whole loop, max_staleness 1").
+and `--resume`, and a Redis that comes back empty.
 """
 
 

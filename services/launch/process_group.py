@@ -18,6 +18,7 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     essential: bool = True  # its exit (any code) ends the run; non-essential ones may exit 0 early
     ready_file: str = ""  # where the service writes the ports it bound once serving ('' = it writes none)
+    stops_last: bool = False  # others stop before it (Redis: the services put, release and log through it as they stop)
 
 
 @dataclass
@@ -65,17 +66,20 @@ class ProcessGroup:
         return ""
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """SIGTERM to every process group, then SIGKILL to what is left after `grace_s`."""
-        for r in reversed(self._running):
-            if r.popen.poll() is None:
-                _signal_group(r.popen, signal.SIGTERM)
+        """SIGTERM to every process group, then SIGKILL to what is left after `grace_s`; processes that
+        `stops_last` get their SIGTERM once the others have exited (or their grace ran out)."""
         deadline = time.monotonic() + grace_s
-        for r in self._running:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                r.popen.wait(remaining)
-            except subprocess.TimeoutExpired:
-                pass
+        for last in (False, True):
+            wave = [r for r in self._running if r.spec.stops_last == last]
+            for r in reversed(wave):
+                if r.popen.poll() is None:
+                    _signal_group(r.popen, signal.SIGTERM)
+            for r in wave:
+                remaining = max(2.0 if last else 0.0, deadline - time.monotonic())
+                try:
+                    r.popen.wait(remaining)
+                except subprocess.TimeoutExpired:
+                    pass
         for r in self._running:
             # The group may hold engine workers even after the leader exited.
             _signal_group(r.popen, signal.SIGKILL)

@@ -26,7 +26,7 @@ def start_local_redis(group: ProcessGroup, data_dir: str | pathlib.Path, durabil
     port = free_port()
     argv = [binary, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data.resolve()), "--save", ""]
     argv += ["--appendonly", "yes", "--appendfsync", "always"] if durability else ["--appendonly", "no"]
-    group.start(ProcessSpec("redis", tuple(argv)))
+    group.start(ProcessSpec("redis", tuple(argv), stops_last=True))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

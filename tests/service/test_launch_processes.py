@@ -81,3 +81,24 @@ def test_start_removes_a_previous_runs_ready_file(tmp_path):
     with ProcessGroup(tmp_path / "logs") as group:
         group.start(ProcessSpec("svc", (sys.executable, "-c", "import time; time.sleep(60)"), ready_file=str(ready)))
         assert not ready.exists()
+
+
+def test_a_process_that_stops_last_outlives_the_others_stop(tmp_path):
+    """Redis is `stops_last`: a service still finishing on SIGTERM (putting rows back, logging its last line)
+    finds it running; it gets its own SIGTERM once the others have exited."""
+    group = ProcessGroup(tmp_path)
+    store = group.start(ProcessSpec("store", (sys.executable, "-c", "import time; time.sleep(600)"), stops_last=True))
+    report = tmp_path / "seen.txt"
+    client = (f"import os, signal, sys, time\n"
+              f"def bye(*_):\n"
+              f"    time.sleep(0.5)  # finishing its work\n"
+              f"    try:\n        os.kill({store.pid}, 0); seen = 'alive'\n"
+              f"    except ProcessLookupError:\n        seen = 'gone'\n"
+              f"    open({str(report)!r}, 'w').write(seen); sys.exit(0)\n"
+              f"signal.signal(signal.SIGTERM, bye)\n"
+              f"time.sleep(600)\n")
+    group.start(ProcessSpec("client", (sys.executable, "-c", client)))
+    time.sleep(0.5)
+    group.stop(grace_s=10.0)
+    assert report.read_text() == "alive"
+    assert store.returncode == -signal.SIGTERM
