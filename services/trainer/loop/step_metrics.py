@@ -21,16 +21,17 @@ def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt
         "reward/mean": statistics.fmean(batch.scores),
         "reward/std": statistics.pstdev(batch.scores),
         "reward/positive_fraction": sum(s > 0 for s in batch.scores) / len(batch.scores),
-        "response_length/mean": statistics.fmean(lengths),
-        "response_length/max": max(lengths),
-        "response_length/min": min(lengths),
-        "prompt_length/mean": statistics.fmean(len(p) for p in batch.prompts),
-        "prompt_length/max": max(len(p) for p in batch.prompts),
-        "prompt_length/min": min(len(p) for p in batch.prompts),
+        **_length_stats("response_length", lengths),
+        **_length_stats("prompt_length", [len(p) for p in batch.prompts]),
         "policy_lag/mean": statistics.fmean(lags) if lags else 0.0,
         "policy_lag/max": max(lags) if lags else 0.0,
         "groups/flat_fraction": sum(len(set(g)) == 1 for g in groups) / len(groups),
     }
+
+
+def _length_stats(name: str, lengths: list[int]) -> dict[str, float]:
+    """`{name}/mean`, `/max` and `/min` of token counts."""
+    return {f"{name}/mean": statistics.fmean(lengths), f"{name}/max": max(lengths), f"{name}/min": min(lengths)}
 
 
 def throughput_metrics(batch: ScoredBatch, rollout_s: float, train_s: float, iteration_s: float) -> dict[str, float]:
