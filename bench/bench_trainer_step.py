@@ -46,9 +46,8 @@ PARTS = (
     ("services.trainer.modeling.logprobs", None, "response_stats", "log-probs + entropy from logits"),
     ("services.trainer.algorithm.update", None, "policy_loss", "loss"),
     ("torch", "Tensor", "backward", "backward"),
-    ("services.trainer.algorithm.update", None, "_finalize_grads", "gradient reduction"),
-    ("services.trainer.algorithm.update", None, "clip_grad_norm", "gradient clipping"),
-    ("torch.optim", "AdamW", "step", "optimizer (AdamW)"),
+    ("megatron.core.distributed", None, "finalize_model_grads", "gradient reduction (megatron DDP)"),
+    ("megatron.core.optimizer.optimizer", "ChainedOptimizer", "step", "clipping + optimizer (megatron Adam)"),
     ("services.trainer.loop.session", None, "group_norm_advantages", "advantages"),
 )
 

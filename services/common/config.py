@@ -153,6 +153,7 @@ class MegatronTrainingConfig:
     adam_beta2: float = 0.95  # AdamW beta2
     adam_eps: float = 1e-8  # AdamW epsilon
     clip_grad: float = 1.0  # gradient norm clip
+    use_distributed_optimizer: bool = True  # shard the fp32 weights and Adam state over data-parallel ranks (Megatron's distributed optimizer)
     bf16: bool = False  # train in bfloat16 (fp32 when false)
     save_interval: int = 0  # 0: only at the end
     seed: int = 1234  # random seed

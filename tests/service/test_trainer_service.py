@@ -17,7 +17,7 @@ from services.common.pb import trainer_pb2, trainer_pb2_grpc  # noqa: E402
 from services.trainer.modeling.checkpoint import TrainState, checkpoint_handler, latest_step, load_checkpoint  # noqa: E402
 from services.trainer.loop.control import TrainerControl  # noqa: E402
 from services.trainer.loop.server import start_server  # noqa: E402
-from services.trainer.algorithm.update import build_optimizer  # noqa: E402
+from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
 
 pytestmark = pytest.mark.service
 TOKEN = "s3cret-trainer"
@@ -27,14 +27,14 @@ TOKEN = "s3cret-trainer"
 def running(tmp_path_factory):
     hf_dir = tiny_hf_model(tmp_path_factory.mktemp("hf"))
     model, _ = megatron_tp1(hf_dir)
-    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3), 10)
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3), 10)
     save_dir = tmp_path_factory.mktemp("save")
     control = TrainerControl(train_iters=10)
-    control.checkpoint_handler = checkpoint_handler(str(save_dir), model, optimizer, scheduler,
+    control.checkpoint_handler = checkpoint_handler(str(save_dir), model, optimizer,
                                                     lambda: TrainState(step=control.snapshot().step, policy_version=control.snapshot().version))
     server, port = start_server(control, "127.0.0.1", 0, token=TOKEN)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    yield control, trainer_pb2_grpc.TrainerStub(channel), channel, save_dir, (model, optimizer, scheduler)
+    yield control, trainer_pb2_grpc.TrainerStub(channel), channel, save_dir, (model, optimizer)
     channel.close()
     server.stop(grace=None).wait()
 
@@ -49,7 +49,7 @@ def test_status_shows_recorded_step(running):
 
 
 def test_checkpoint_writes_a_resumable_checkpoint(running, tmp_path):
-    control, stub, _, save_dir, (model, optimizer, scheduler) = running
+    control, stub, _, save_dir, (model, optimizer) = running
     control.record_step(4, {}, version=4)
     answer = stub.Checkpoint(trainer_pb2.CheckpointRequest(path=""), metadata=bearer_metadata(TOKEN))
     assert answer.step == 4 and answer.path == str(save_dir / "iter_0000004")
@@ -60,7 +60,7 @@ def test_checkpoint_writes_a_resumable_checkpoint(running, tmp_path):
     saved = weight.detach().clone()
     with torch.no_grad():
         weight.add_(1.0)
-    assert load_checkpoint(save_dir, model, optimizer, scheduler).step == 4
+    assert load_checkpoint(save_dir, model, optimizer).step == 4
     assert torch.equal(next(model.parameters()), saved)
 
 

@@ -27,10 +27,10 @@ def parity_critic_update(critic, batch):
     from services.common.config import MegatronTrainingConfig
     from services.trainer.algorithm.critic import CriticUpdateConfig, build_critic_optimizer, critic_update
 
-    optimizer, scheduler = build_critic_optimizer(critic, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=1)
-    cfg = CriticUpdateConfig(mini_batch_size=batch.size, clip_grad=0.5, cliprange_value=0.2, forward=FORWARD)
+    optimizer = build_critic_optimizer(critic, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=1)
+    cfg = CriticUpdateConfig(mini_batch_size=batch.size, cliprange_value=0.2, forward=FORWARD)
     old = compute_values(critic, batch, FORWARD)
-    metrics = critic_update(critic, optimizer, scheduler, batch, old, torch.ones_like(old), cfg)
+    metrics = critic_update(critic, optimizer, batch, old, torch.ones_like(old), cfg)
     return metrics.as_dict(), compute_values(critic, batch, FORWARD)
 
 

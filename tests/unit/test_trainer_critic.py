@@ -109,7 +109,7 @@ def test_critic_steps_move_values_toward_fixed_returns(hf_dir):
     batch = random_batch(4, prompt_lengths=[3, 4, 2, 5, 3, 2], response_lengths=[4, 3, 5, 2, 3, 4])
     mask = batch.response_mask()
     returns = torch.tensor([1.0, -1.0, 0.5, 1.0, -0.5, 0.0]).unsqueeze(1) * mask
-    optimizer, scheduler = build_critic_optimizer(critic, MT, total_steps=12)
+    optimizer = build_critic_optimizer(critic, MT, total_steps=12)
     cfg = CriticUpdateConfig(mini_batch_size=3, epochs=2, shuffle_mini_batch=True, cliprange_value=0.2,
                              forward=ForwardConfig(micro_batch_size=2))
 
@@ -120,7 +120,7 @@ def test_critic_steps_move_values_toward_fixed_returns(hf_dir):
     start = error(values)
     losses = []
     for step in range(3):  # each PPO iteration's old values are the critic's before its update
-        metrics = critic_update(critic, optimizer, scheduler, batch, values, returns, cfg, step)
+        metrics = critic_update(critic, optimizer, batch, values, returns, cfg, step)
         assert metrics.optimizer_steps == 4 and metrics.grad_norm > 0
         losses.append(metrics.vf_loss)
         values = compute_values(critic, batch, cfg.forward)
@@ -133,7 +133,8 @@ def test_one_ppo_iteration_raises_the_rewarded_responses(hf_dir):
     from trainer_helpers import megatron_tp1
 
     from services.trainer.modeling.logprobs import compute_logprobs
-    from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+    from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
+    from services.trainer.modeling.optimizer import build_optimizer
 
     actor, _ = megatron_tp1(hf_dir)
     critic = tp1_critic(hf_dir)
@@ -142,16 +143,16 @@ def test_one_ppo_iteration_raises_the_rewarded_responses(hf_dir):
     rl = dataclasses.replace(RLConfig(), use_kl_in_reward=True, kl_penalty="kl", init_kl_coef=0.01)
     fwd = ForwardConfig(micro_batch_size=2)
     ref = compute_logprobs(actor, samples, fwd)[0]
-    actor_opt, actor_sched = build_optimizer(actor, MT, total_steps=4)
-    critic_opt, critic_sched = build_critic_optimizer(critic, MT, total_steps=4)
+    actor_opt = build_optimizer(actor, MT, total_steps=4)
+    critic_opt = build_critic_optimizer(critic, MT, total_steps=4)
     mask = samples.response_mask()
     for step in range(2):
         old = compute_logprobs(actor, samples, fwd)[0]
         values = compute_values(critic, samples, fwd)
         targets = ppo_targets(scores, values, mask, rl, old, ref)
-        update_policy(actor, actor_opt, actor_sched, TrainBatch(samples, targets.advantages, old),
+        update_policy(actor, actor_opt, TrainBatch(samples, targets.advantages, old),
                       UpdateConfig(mini_batch_size=2, forward=fwd), step)
-        metrics = critic_update(critic, critic_opt, critic_sched, samples, values, targets.returns,
+        metrics = critic_update(critic, critic_opt, samples, values, targets.returns,
                                 CriticUpdateConfig(mini_batch_size=2, forward=fwd), step)
         assert metrics.optimizer_steps == 2 and metrics.vf_loss > 0
     after = compute_logprobs(actor, samples, fwd)[0]
@@ -189,20 +190,19 @@ def test_critic_checkpoint_round_trip(hf_dir, tmp_path):
 
     def run():
         critic = tp1_critic(hf_dir)
-        optimizer, scheduler = build_critic_optimizer(critic, dataclasses.replace(MT, lr_warmup_fraction=0.5), total_steps=8)
-        return critic, optimizer, scheduler
+        return critic, build_critic_optimizer(critic, dataclasses.replace(MT, lr_warmup_fraction=0.5), total_steps=8)
 
-    critic, optimizer, scheduler = run()
-    critic_update(critic, optimizer, scheduler, batch, compute_values(critic, batch, FORWARD), returns, cfg)
-    save_critic_checkpoint(tmp_path, critic, optimizer, scheduler, TrainState(step=1))
+    critic, optimizer = run()
+    critic_update(critic, optimizer, batch, compute_values(critic, batch, FORWARD), returns, cfg)
+    save_critic_checkpoint(tmp_path, critic, optimizer, TrainState(step=1))
     saved_values = compute_values(critic, batch, FORWARD)
-    uninterrupted = critic_update(critic, optimizer, scheduler, batch, saved_values, returns, cfg, step=1)
+    uninterrupted = critic_update(critic, optimizer, batch, saved_values, returns, cfg, step=1)
 
-    critic, optimizer, scheduler = run()
-    assert load_critic_checkpoint(tmp_path, critic, optimizer, scheduler, step=1) == TrainState(step=1)
+    critic, optimizer = run()
+    assert load_critic_checkpoint(tmp_path, critic, optimizer, step=1) == TrainState(step=1)
     assert latest_step(critic_checkpoint_root(tmp_path)) == 1 and latest_step(tmp_path) is None  # apart from the actor's
     assert torch.equal(compute_values(critic, batch, FORWARD), saved_values)
-    resumed = critic_update(critic, optimizer, scheduler, batch, saved_values, returns, cfg, step=1)
+    resumed = critic_update(critic, optimizer, batch, saved_values, returns, cfg, step=1)
     assert resumed.vf_loss == pytest.approx(uninterrupted.vf_loss, abs=1e-6)
     assert resumed.lr == pytest.approx(uninterrupted.lr) and resumed.grad_norm == pytest.approx(uninterrupted.grad_norm, rel=1e-5)
 
@@ -213,15 +213,15 @@ def test_critic_update_config_reads_the_ppo_config():
     cfg = load_config(pathlib.Path(__file__).parents[2] / "configs" / "ppo_qwen25_7b.yaml")
     critic = CriticUpdateConfig.from_config(cfg)
     assert (critic.mini_batch_size, critic.epochs, critic.shuffle_mini_batch) == (32, 2, True)
-    assert critic.cliprange_value == 0.5 and critic.clip_grad == 1.0 and critic.forward.micro_batch_size == 2
+    assert critic.cliprange_value == 0.5 and critic.forward.micro_batch_size == 2
 
 
-def test_critic_learning_rate_defaults_to_the_actors():
+def test_critic_learning_rate_defaults_to_the_actors(hf_dir):
     from services.common.config import ConfigError, DEFAULT_CONFIG, load_config
 
-    head = torch.nn.Linear(2, 1)
+    critic = tp1_critic(hf_dir)
     mt = MegatronTrainingConfig(lr=1e-6)
-    assert build_critic_optimizer(head, mt, 4)[0].param_groups[0]["lr"] == 1e-6
-    assert build_critic_optimizer(head, dataclasses.replace(mt, critic_lr=1e-5), 4)[0].param_groups[0]["lr"] == 1e-5
+    assert build_critic_optimizer(critic, mt, 4).param_groups[0]["lr"] == 1e-6
+    assert build_critic_optimizer(critic, dataclasses.replace(mt, critic_lr=1e-5), 4).param_groups[0]["lr"] == 1e-5
     with pytest.raises(ConfigError, match="megatron_training.critic_lr: 1e-07 is below megatron_training.min_lr 1e-06"):
         load_config(DEFAULT_CONFIG, ["megatron_training.critic_lr=1e-7", "megatron_training.min_lr=1e-6"])

@@ -10,7 +10,8 @@ from services.common.config import MegatronTrainingConfig
 from services.trainer.algorithm.advantages import group_norm_advantages
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs
 from services.trainer.algorithm.losses import PolicyLossConfig
-from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, clip_grad_norm, update_policy
+from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
+from services.trainer.modeling.optimizer import build_optimizer
 
 N = 4
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
@@ -26,41 +27,44 @@ def grpo_batch() -> TrainBatch:
     return TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask()))
 
 
-def lrs(style: str, warmup_fraction: float) -> list[float]:
+def lrs(model, style: str, warmup_fraction: float) -> list[float]:
     mt = MegatronTrainingConfig(lr=1.0, min_lr=0.1, lr_warmup_fraction=warmup_fraction, lr_decay_style=style)
-    optimizer, scheduler = build_optimizer(torch.nn.Linear(2, 2), mt, total_steps=10)
+    optimizer = build_optimizer(model, mt, total_steps=10)
     out = []
     for _ in range(11):
         out.append(optimizer.param_groups[0]["lr"])
-        scheduler.step(1)
+        optimizer.scheduler.step(1)
     return out
 
 
-def test_lr_schedules_by_hand():
-    cosine = lrs("cosine", 0.2)  # 2 warmup steps of 10
+def test_lr_schedules_by_hand(hf_dir):
+    model, _ = megatron_tp1(hf_dir)
+    lrs_of = lambda style, warmup: lrs(model, style, warmup)  # noqa: E731
+    cosine = lrs_of("cosine", 0.2)  # 2 warmup steps of 10
     assert cosine[:3] == pytest.approx([0.0, 0.5, 1.0])
     assert cosine[4] == pytest.approx(0.1 + 0.9 * 0.5 * (2 ** -0.5 + 1))  # decay ratio 2/8
     assert cosine[6] == pytest.approx(0.55) and cosine[10] == pytest.approx(0.1)
-    linear = lrs("linear", 0.2)
+    linear = lrs_of("linear", 0.2)
     assert linear[4] == pytest.approx(0.775) and linear[10] == pytest.approx(0.1)
-    assert lrs("constant", 0.0) == pytest.approx([1.0] * 11)
+    assert lrs_of("constant", 0.0) == pytest.approx([1.0] * 11)
 
 
-def test_unknown_decay_style_names_the_key():
+def test_unknown_decay_style_names_the_key(hf_dir):
+    model, _ = megatron_tp1(hf_dir)
     with pytest.raises(ValueError, match="megatron_training.lr_decay_style: 'step'"):
-        build_optimizer(torch.nn.Linear(2, 2), MegatronTrainingConfig(lr_decay_style="step"), 10)
+        build_optimizer(model, MegatronTrainingConfig(lr_decay_style="step"), 10)
 
 
 def test_grpo_steps_raise_logprob_of_rewarded_responses(hf_dir):
     model, _ = megatron_tp1(hf_dir)
     batch = grpo_batch()
-    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=2e-3, clip_grad=1.0), total_steps=4)
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=2e-3, clip_grad=1.0), total_steps=4)
     cfg = UpdateConfig(mini_batch_size=8, loss=PolicyLossConfig(kl_coef=0.001))
     mask = batch.samples.response_mask()
     before = compute_logprobs(model, batch.samples, ForwardConfig(micro_batch_size=8))[0]
     batch = dataclasses.replace(batch, ref_logprobs=before)
     for step in range(4):
-        metrics = update_policy(model, optimizer, scheduler, batch, cfg, step).metrics
+        metrics = update_policy(model, optimizer, batch, cfg, step).metrics
         assert not metrics.old_logprob_pass and metrics.optimizer_steps == 1
     after = compute_logprobs(model, batch.samples, ForwardConfig(micro_batch_size=8))[0]
 
@@ -75,15 +79,16 @@ def test_grpo_steps_raise_logprob_of_rewarded_responses(hf_dir):
 
 def _one_update(hf_dir, batch, cfg):
     model, _ = megatron_tp1(hf_dir)
-    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.0), total_steps=4)
-    metrics = update_policy(model, optimizer, scheduler, batch, cfg).metrics
-    # The last mini-batch's gradient (Adam's first step is ~lr * sign(g): parameters would hide or blow up tiny differences).
-    return metrics, torch.cat([p.grad.flatten() for p in model.parameters()])
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.0), total_steps=4)
+    metrics = update_policy(model, optimizer, batch, cfg).metrics
+    # The last mini-batch's gradient, as DDP accumulated it (Adam's first step is ~lr * sign(g): parameters would hide
+    # or blow up tiny differences).
+    return metrics, torch.cat([p.main_grad.flatten() for p in model.parameters()])
 
 
 def test_skipped_old_logprob_pass_equals_computing_it(hf_dir):
     batch = grpo_batch()
-    cfg = UpdateConfig(mini_batch_size=8, clip_grad=0.0)
+    cfg = UpdateConfig(mini_batch_size=8)
     skipped, grads_skipped = _one_update(hf_dir, batch, cfg)
     model, _ = megatron_tp1(hf_dir)
     old = compute_logprobs(model, batch.samples, cfg.forward)[0]
@@ -100,8 +105,8 @@ def test_update_hands_back_the_log_probs_before_its_first_step(hf_dir, cfg):
     model, _ = megatron_tp1(hf_dir)
     batch = grpo_batch()
     before = compute_logprobs(model, batch.samples, cfg.forward)[0]
-    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3), total_steps=4)
-    result = update_policy(model, optimizer, scheduler, batch, cfg)
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3), total_steps=4)
+    result = update_policy(model, optimizer, batch, cfg)
     assert torch.allclose(result.start_logprobs, before, atol=1e-6)
     after = compute_logprobs(model, batch.samples, cfg.forward)[0]
     assert not torch.allclose(after, before, atol=1e-4)  # the policy moved: they are not the updated policy's
@@ -134,22 +139,24 @@ def test_mini_batches_and_epochs_compute_the_old_policy_once(hf_dir):
 @pytest.mark.parametrize("token_level", [True, False], ids=["token-mean", "seq-mean"])
 def test_micro_batching_gives_the_whole_mini_batch_step(hf_dir, forward, token_level):
     loss = PolicyLossConfig(token_level_loss=token_level)
-    whole, grads_whole = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, clip_grad=0.0, loss=loss, forward=ForwardConfig(micro_batch_size=8)))
-    split, grads_split = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, clip_grad=0.0, loss=loss, forward=forward))
+    whole, grads_whole = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, loss=loss, forward=ForwardConfig(micro_batch_size=8)))
+    split, grads_split = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, loss=loss, forward=forward))
     assert split.pg_loss == pytest.approx(whole.pg_loss, abs=1e-6)
     assert split.grad_norm == pytest.approx(whole.grad_norm, rel=1e-4)
     assert torch.allclose(grads_split, grads_whole, atol=1e-6, rtol=1e-4)
 
 
-def test_clip_grad_norm_matches_torch(hf_dir):
+def test_clipping_scales_the_gradient_to_the_limit_and_reports_the_norm_before(hf_dir):
+    batch = grpo_batch()
+    free, grads_free = _one_update(hf_dir, batch, UpdateConfig(8))
     model, _ = megatron_tp1(hf_dir)
-    params = list(model.parameters())
-    gen = torch.Generator().manual_seed(0)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=gen)
-    expected = torch.nn.utils.get_total_norm([p.grad for p in params]).item()
-    assert clip_grad_norm(params, 1.0) == pytest.approx(expected, rel=1e-5)
-    assert torch.nn.utils.get_total_norm([p.grad for p in params]).item() == pytest.approx(1.0, rel=1e-4)
+    limit = free.grad_norm / 4
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=limit), total_steps=4)
+    clipped = update_policy(model, optimizer, batch, UpdateConfig(8)).metrics
+    assert clipped.grad_norm == pytest.approx(free.grad_norm, rel=1e-5)  # the norm before clipping, over every tensor
+    assert free.grad_norm == pytest.approx(grads_free.double().norm().item(), rel=1e-6)
+    main_grads = torch.cat([p.main_grad.flatten() for p in model.parameters()])
+    assert main_grads.double().norm().item() == pytest.approx(limit, rel=1e-5)
 
 
 def test_update_config_reads_the_run_config():

@@ -18,7 +18,8 @@ from trainer_helpers import random_batch  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, run_micro_batches  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
-from services.trainer.algorithm.update import build_optimizer, update_policy  # noqa: E402
+from services.trainer.algorithm.update import update_policy  # noqa: E402
+from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
 from services.trainer.weights.weight_bucket import gather_hf_weights  # noqa: E402
 
 PARITY_BATCH = dict(seed=3, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6])
@@ -31,11 +32,11 @@ def parity_update(model, batch):
     from services.trainer.algorithm.losses import PolicyLossConfig
     from services.trainer.algorithm.update import TrainBatch, UpdateConfig
 
-    optimizer, scheduler = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=2)
-    cfg = UpdateConfig(mini_batch_size=3, clip_grad=0.5, forward=ForwardConfig(micro_batch_size=1),
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.5), total_steps=2)
+    cfg = UpdateConfig(mini_batch_size=3, forward=ForwardConfig(micro_batch_size=1),
                        loss=PolicyLossConfig(entropy_coeff=0.01))
     adv = group_norm_advantages(torch.tensor([1.0, 0.0, 0.0]), 3, batch.response_mask())
-    return update_policy(model, optimizer, scheduler, TrainBatch(batch, adv), cfg).metrics.as_dict()
+    return update_policy(model, optimizer, TrainBatch(batch, adv), cfg).metrics.as_dict()
 
 
 def main() -> None:

@@ -23,7 +23,9 @@ from services.trainer.modeling.logprobs import (ForwardConfig, ModelInputs, Resp
 from services.trainer.algorithm.losses import value_loss
 from services.trainer.algorithm.masked import masked_mean
 from services.trainer.modeling.model import ModelLayout, build_model, compute_device
-from services.trainer.algorithm.update import broadcast_from_last_stage, build_optimizer, mini_batch_order, optimizer_step
+from services.trainer.algorithm.update import broadcast_from_last_stage, mini_batch_order
+from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
+from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
 
 VALUE_HEAD_INIT_STD = 0.02  # HF's initializer_range for the score head of a token-classification model
 CRITIC_CHECKPOINT_DIR = "critic"
@@ -69,8 +71,8 @@ def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: 
     return model
 
 
-def build_critic_optimizer(critic, mt, total_steps: int):
-    """The actor's AdamW and LR schedule (build_optimizer) at megatron_training.critic_lr (its lr when 0)."""
+def build_critic_optimizer(critic, mt, total_steps: int) -> ModelOptimizer:
+    """The actor's optimizer and LR schedule (build_optimizer) at megatron_training.critic_lr (its lr when 0)."""
     return build_optimizer(critic, dataclasses.replace(mt, lr=mt.critic_lr or mt.lr), total_steps)
 
 
@@ -120,12 +122,14 @@ def compute_values(critic, batch: ResponseBatch, cfg: ForwardConfig) -> torch.Te
     was_training = critic.training
     critic.eval()
     values = torch.zeros(batch.size, batch.max_response_length)
-    indexes = micro_batches(batch, cfg)
-    parts = [batch.select(index) for index in indexes]
-    for index, part, part_values in zip(indexes, parts, run_critic_micro_batches(critic, parts, cfg.use_remove_padding)):
-        values[index, : part.max_response_length] = part_values.cpu()
+    mine = my_rows(torch.arange(batch.size))  # this data-parallel rank's rows; the others' come from theirs
+    if len(mine):
+        indexes = [mine[index] for index in micro_batches(batch.select(mine), cfg)]
+        parts = [batch.select(index) for index in indexes]
+        for index, part, part_values in zip(indexes, parts, run_critic_micro_batches(critic, parts, cfg.use_remove_padding)):
+            values[index, : part.max_response_length] = part_values.cpu()
     critic.train(was_training)
-    return values
+    return sum_over_data_parallel(values)
 
 
 @dataclass(frozen=True)
@@ -135,7 +139,6 @@ class CriticUpdateConfig:
     mini_batch_size: int  # samples per optimizer step
     epochs: int = 1
     shuffle_mini_batch: bool = False
-    clip_grad: float = 1.0  # max global grad norm; 0 disables clipping
     cliprange_value: float = 0.5  # new values kept within old +- this in the clipped loss term
     seed: int = 1234
     forward: ForwardConfig = ForwardConfig()
@@ -143,7 +146,7 @@ class CriticUpdateConfig:
     @classmethod
     def from_config(cls, cfg) -> "CriticUpdateConfig":
         rl, mt = cfg.rl_config, cfg.megatron_training
-        return cls(rl.mini_batch_size, rl.epochs, rl.shuffle_mini_batch, mt.clip_grad, rl.cliprange_value, mt.seed,
+        return cls(rl.mini_batch_size, rl.epochs, rl.shuffle_mini_batch, rl.cliprange_value, mt.seed,
                    ForwardConfig.from_config(cfg))
 
 
@@ -165,25 +168,26 @@ class CriticMetrics:
 VALUE_METRICS = ("vf_loss", "vf_clipfrac", "values_mean")
 
 
-def critic_update(critic, optimizer, scheduler, batch: ResponseBatch, old_values: torch.Tensor, returns: torch.Tensor,
+def critic_update(critic, optimizer: ModelOptimizer, batch: ResponseBatch, old_values: torch.Tensor, returns: torch.Tensor,
                   cfg: CriticUpdateConfig, step: int = 0) -> CriticMetrics:
     """cfg.epochs passes of mini-batch steps regressing the values on `returns` with the clipped value loss.
 
     old_values, returns [B, L] (compute_values before the update; ppo_targets' returns). Micro-batch
     losses are weighted by their token share, so each step's gradient is that of its mini-batch's
-    token mean. `step` seeds the shuffle reproducibly.
+    token mean. `step` seeds the shuffle reproducibly. Data-parallel ranks split each mini-batch as
+    in update_policy.
     """
     mask = batch.response_mask()
-    params = [p for p in critic.parameters() if p.requires_grad]
     critic.train()
     totals = torch.zeros(len(VALUE_METRICS))  # filled on the last pipeline stage, where the loss is computed
     grad_norm = lr = 0.0
     steps = 0
     for epoch in range(cfg.epochs):
         for mini in mini_batch_order(batch.size, cfg.mini_batch_size, cfg.shuffle_mini_batch, cfg.seed, epoch, step):
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             mini_tokens = mask[mini].sum()
-            indexes = [mini[micro] for micro in micro_batches(batch.select(mini), cfg.forward)]
+            mine = my_rows(mini)
+            indexes = [mine[micro] for micro in micro_batches(batch.select(mine), cfg.forward)] if len(mine) else []
 
             def micro_loss(i: int, values: torch.Tensor) -> torch.Tensor:
                 index = indexes[i]
@@ -194,13 +198,14 @@ def critic_update(critic, optimizer, scheduler, batch: ResponseBatch, old_values
                 weight = part_mask.sum().cpu() / mini_tokens
                 parts = [loss.detach(), clipfrac, masked_mean(values.detach(), part_mask)]
                 totals.add_(torch.tensor([float(v) for v in parts]) * float(weight))
-                return loss * weight
+                return loss * weight * optimizer.loss_scale
 
             run_critic_micro_batches(critic, [batch.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
-            step_grad_norm, step_lr = optimizer_step(critic, optimizer, scheduler, params, cfg.clip_grad)
+            step_grad_norm, step_lr = optimizer.step()
             grad_norm += step_grad_norm
             lr += step_lr
             steps += 1
+    sum_over_data_parallel(totals)
     broadcast_from_last_stage(totals)
     means = dict(zip(VALUE_METRICS, (totals / steps).tolist()))
     return CriticMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps)
@@ -211,18 +216,18 @@ def critic_checkpoint_root(save: str | pathlib.Path) -> pathlib.Path:
     return pathlib.Path(save) / CRITIC_CHECKPOINT_DIR
 
 
-def save_critic_checkpoint(save: str | pathlib.Path, critic, optimizer, scheduler, state: TrainState) -> pathlib.Path:
+def save_critic_checkpoint(save: str | pathlib.Path, critic, optimizer: ModelOptimizer, state: TrainState) -> pathlib.Path:
     """This rank's critic shard (weights, optimizer, scheduler) for `state.step` under critic_checkpoint_root(save)."""
-    return save_checkpoint(critic_checkpoint_root(save), critic, optimizer, scheduler, state)
+    return save_checkpoint(critic_checkpoint_root(save), critic, optimizer, state)
 
 
-def load_critic_checkpoint(save: str | pathlib.Path, critic, optimizer, scheduler, step: int) -> TrainState:
+def load_critic_checkpoint(save: str | pathlib.Path, critic, optimizer: ModelOptimizer, step: int) -> TrainState:
     """Restores the critic saved at `step`: pass the actor's resumed step, so both continue from one iteration.
 
     Also restores the RNG state saved with it (the same as the actor's at that step when both are
     saved together, critic last).
     """
-    return load_checkpoint(critic_checkpoint_root(save), critic, optimizer, scheduler, step=step)
+    return load_checkpoint(critic_checkpoint_root(save), critic, optimizer, step=step)
 
 
 @dataclass
@@ -231,8 +236,7 @@ class Critic:
     and its update settings."""
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: object  # megatron's OptimizerParamScheduler
+    optimizer: ModelOptimizer
     cfg: CriticUpdateConfig
 
     @classmethod
@@ -240,8 +244,7 @@ class Critic:
         """The critic of `cfg` initialised from the actor's HF checkpoint; `total_steps` sizes its LR schedule."""
         mt = cfg.megatron_training
         model = build_critic(layout, hf_state, dtype, seed=mt.seed)
-        optimizer, scheduler = build_critic_optimizer(model, mt, total_steps)
-        return cls(model, optimizer, scheduler, CriticUpdateConfig.from_config(cfg))
+        return cls(model, build_critic_optimizer(model, mt, total_steps), CriticUpdateConfig.from_config(cfg))
 
     def values(self, batch: ResponseBatch, cfg: ForwardConfig) -> torch.Tensor:
         """[B, L] values of the response tokens (see compute_values)."""
@@ -249,12 +252,12 @@ class Critic:
 
     def update(self, batch: ResponseBatch, old_values: torch.Tensor, returns: torch.Tensor, step: int) -> CriticMetrics:
         """One critic update on the iteration's batch (see critic_update)."""
-        return critic_update(self.model, self.optimizer, self.scheduler, batch, old_values, returns, self.cfg, step)
+        return critic_update(self.model, self.optimizer, batch, old_values, returns, self.cfg, step)
 
     def save(self, save: str | pathlib.Path, state: TrainState) -> pathlib.Path:
         """This rank's critic checkpoint beside the actor's (see save_critic_checkpoint)."""
-        return save_critic_checkpoint(save, self.model, self.optimizer, self.scheduler, state)
+        return save_critic_checkpoint(save, self.model, self.optimizer, state)
 
     def load(self, save: str | pathlib.Path, step: int) -> TrainState:
         """Restores the critic saved with the actor's checkpoint of `step` (see load_critic_checkpoint)."""
-        return load_critic_checkpoint(save, self.model, self.optimizer, self.scheduler, step)
+        return load_critic_checkpoint(save, self.model, self.optimizer, step)

@@ -25,7 +25,8 @@ from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
 from services.trainer.algorithm.masked import masked_mean
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel
 from services.trainer.loop.server import start_server
-from services.trainer.algorithm.update import TrainBatch, UpdateConfig, build_optimizer, update_policy
+from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
+from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
 from services.trainer.weights.weight_bucket import gather_hf_weights
 
 
@@ -76,8 +77,7 @@ class TrainerSession:
     layout: ModelLayout
     model: Any
     ref_model: Any
-    optimizer: Any
-    scheduler: Any
+    optimizer: ModelOptimizer
     update_cfg: UpdateConfig
     control: TrainerControl
     critic: Critic | None = None  # PPO (adv_estimator: gae)
@@ -109,14 +109,14 @@ class TrainerSession:
             ref_model.requires_grad_(False)
         update_cfg = UpdateConfig.from_config(cfg)
         steps_per_iter = rl.epochs * (cfg.samples_per_iteration // update_cfg.mini_batch_size)
-        optimizer, scheduler = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
+        optimizer = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
         control = TrainerControl(mt.train_iters)
-        session = cls(cfg, token, layout, model, ref_model, optimizer, scheduler, update_cfg, control,
+        session = cls(cfg, token, layout, model, ref_model, optimizer, update_cfg, control,
                       num_prompts=max(1, num_prompts))
         if rl.adv_estimator == "gae":
             session.critic = Critic.build(cfg, layout, hf_state, dtype, mt.train_iters * steps_per_iter)
         if resume and mt.save and latest_step(mt.save) is not None:
-            state = load_checkpoint(mt.save, model, optimizer, scheduler)
+            state = load_checkpoint(mt.save, model, optimizer)
             session.step, session.version = state.step, state.policy_version
             session.prompt_cursor = state.data.epoch * session.num_prompts + state.data.next_prompt_index
             if session.critic is not None:
@@ -169,7 +169,7 @@ class TrainerSession:
         else:
             advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
         behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
-        out = update_policy(self.model, self.optimizer, self.scheduler,
+        out = update_policy(self.model, self.optimizer,
                             TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), self.update_cfg, step)
         metrics.update({f"actor/{k}": v for k, v in out.metrics.as_dict().items()})
         if self.cfg.trainer.log_logprob_diff:
@@ -190,7 +190,7 @@ class TrainerSession:
 
     def _checkpoint_handler(self, path: str) -> tuple[str, int]:
         root = path or self.cfg.megatron_training.save
-        return str(save_checkpoint(root, self.model, self.optimizer, self.scheduler, self._train_state())), self.step
+        return str(save_checkpoint(root, self.model, self.optimizer, self._train_state())), self.step
 
     def save_checkpoint(self) -> pathlib.Path | None:
         """Saves to megatron_training.save (every rank takes part); None when no save directory is set."""
@@ -199,7 +199,7 @@ class TrainerSession:
             return None
         if self.critic is not None:
             self.critic.save(root, self._train_state())
-        return save_checkpoint(root, self.model, self.optimizer, self.scheduler, self._train_state())
+        return save_checkpoint(root, self.model, self.optimizer, self._train_state())
 
     def close(self) -> None:
         """Stops the control server and tears down the process groups."""

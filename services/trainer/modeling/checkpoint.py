@@ -1,9 +1,11 @@
 """Training checkpoints: model, optimizer, LR scheduler, RNG, step and data cursor, one file per rank.
 
 Layout follows Megatron's: `<root>/iter_<step:07d>/mp_rank_TT[_PPP]/model_optim_rng.pt` and
-`<root>/latest_checkpointed_iteration.txt`. Each rank writes its own shard (its TP/PP part
-of the weights and of the optimizer state); the tracker file is written last, after a barrier,
-so a checkpoint interrupted half-way is never the one resumed.
+`<root>/latest_checkpointed_iteration.txt`. Data-parallel rank 0 of each TP/PP position writes
+that position's shard (its part of the weights, the optimizer's and the LR schedule's state);
+with the distributed optimizer the fp32 weights and Adam moments, sharded over the data-parallel
+ranks, are gathered into `distrib_optim.pt` beside it, as Megatron does. The tracker file is
+written last, after a barrier, so a checkpoint interrupted half-way is never the one resumed.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import numpy as np
 import torch
 
 from services.trainer.modeling.checkpoint_convert import MEGATRON_FILE, shard_dir_name
+from services.trainer.modeling.optimizer import ModelOptimizer
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
+DISTRIBUTED_OPTIMIZER_FILE = "distrib_optim.pt"
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,8 @@ def latest_step(root: str | pathlib.Path) -> int | None:
     return int(tracker.read_text().strip()) if tracker.exists() else None
 
 
-def save_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, state: TrainState) -> pathlib.Path:
-    """Writes this rank's shard of the checkpoint for `state.step`; returns the iteration directory."""
+def save_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, state: TrainState) -> pathlib.Path:
+    """Writes this rank's shard of the checkpoint for `state.step` (every rank calls it); returns the iteration directory."""
     import torch.distributed as dist
 
     path = checkpoint_file(root, state.step)
@@ -87,14 +91,18 @@ def save_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, state
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "opt_param_scheduler": scheduler.state_dict(),
+            **optimizer.state_dict(),
+            "distributed_optimizer": optimizer.distributed,
             "rng_state": _rng_state(),
             "train_state": asdict(state),
         }
         tmp = path.with_suffix(".tmp")
         torch.save(payload, tmp)
         os.replace(tmp, path)
+    if optimizer.distributed:
+        if dist.is_initialized():
+            dist.barrier()  # the directory exists before rank 0 of the data-parallel group writes into it
+        optimizer.save_sharded_state(path.parent / DISTRIBUTED_OPTIMIZER_FILE)
     if dist.is_initialized():
         dist.barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:
@@ -104,7 +112,7 @@ def save_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, state
     return path.parent.parent
 
 
-def load_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, step: int | None = None) -> TrainState:
+def load_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, step: int | None = None) -> TrainState:
     """Restores model, optimizer, scheduler and RNG from `root` (the latest step unless given); returns the saved state."""
     from services.trainer.modeling.checkpoint_convert import load_shard
 
@@ -116,15 +124,19 @@ def load_checkpoint(root: str | pathlib.Path, model, optimizer, scheduler, step:
         raise FileNotFoundError(f"{path}: missing (saved with other TP/PP sizes?)")
     # The file holds RNG and numpy state besides tensors; it is one this trainer wrote.
     payload = torch.load(path, map_location="cpu", weights_only=False)
+    if payload.get("distributed_optimizer", False) != optimizer.distributed:
+        raise ValueError(f"megatron_training.use_distributed_optimizer: {optimizer.distributed}, but {path} was saved with "
+                         f"{payload.get('distributed_optimizer', False)}; resume with the setting it was saved with")
     load_shard(model, {k: v for k, v in payload["model"].items() if not k.endswith("_extra_state")})
-    optimizer.load_state_dict(payload["optimizer"])
-    scheduler.load_state_dict(payload["opt_param_scheduler"])
+    optimizer.load_state_dict(payload)
+    if optimizer.distributed and payload["optimizer"] is not None:  # None: saved before the first step
+        optimizer.load_sharded_state(path.parent / DISTRIBUTED_OPTIMIZER_FILE)
     _set_rng_state(payload["rng_state"])
     saved = payload["train_state"]
     return TrainState(step=saved["step"], policy_version=saved["policy_version"], data=DataCursor(**saved["data"]))
 
 
-def checkpoint_handler(default_root: str, model, optimizer, scheduler, current_state: Callable[[], TrainState]):
+def checkpoint_handler(default_root: str, model, optimizer: ModelOptimizer, current_state: Callable[[], TrainState]):
     """A TrainerControl checkpoint handler: saves to the asked directory, or `default_root` when "" is asked.
 
     Single-process runs only: with several ranks every rank must save, so the driver turns the
@@ -136,6 +148,6 @@ def checkpoint_handler(default_root: str, model, optimizer, scheduler, current_s
         if not root:
             raise ValueError("path: empty, and megatron_training.save is not set")
         state = current_state()
-        return str(save_checkpoint(root, model, optimizer, scheduler, state)), state.step
+        return str(save_checkpoint(root, model, optimizer, state)), state.step
 
     return save

@@ -1,13 +1,19 @@
 """What megatron-core needs to run on a machine without an accelerator, in one place.
 
-megatron-core 0.16 assumes CUDA in two spots that matter for training on CPU: it asks
-`torch.cuda.current_device()` for the device of buffers it creates, and its local core attention
-relies on fused CUDA softmax kernels. `apply_cpu_shims()` answers "cpu" for the first;
-`SDPACoreAttention` replaces the second in the layer spec. Both apply only when no accelerator
-is present (see `accelerator_present`).
+megatron-core 0.16 assumes CUDA where it matters for training on CPU: it asks
+`torch.cuda.current_device()` for the device of buffers it creates; its optimizers, gradient
+clipping and data-parallel wrapper make tensors with `device="cuda"`, call `.cuda()` and check
+`param.type()` against `torch.cuda.FloatTensor`; and its local core attention relies on fused CUDA
+softmax kernels. `apply_cpu_shims()` answers "cpu" for the first and makes `synchronize` /
+`empty_cache` harmless; `megatron_on_cpu()` is a torch function mode that maps the `cuda` device to
+the CPU around calls into megatron's optimizer and DDP (it is not on during the model's forward and
+backward, where every torch call would pay its Python hook); `SDPACoreAttention` replaces the
+core attention in the layer spec. All of them apply only when no accelerator is present (see
+`accelerator_present`).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -36,8 +42,49 @@ def apply_cpu_shims() -> bool:
         return False
     if not _applied:
         torch.cuda.current_device = lambda: "cpu"
+        # megatron's DDP frees and re-allocates buffers around these; on CPU there is nothing to wait for.
+        torch.cuda.synchronize = lambda *args, **kwargs: None
+        torch.cuda.empty_cache = lambda: None
         _applied = True
     return True
+
+
+_CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
+                    torch.bfloat16: "torch.cuda.BFloat16Tensor"}
+
+
+def _as_cpu(device):
+    if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+        return torch.device("cpu")
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device("cpu")
+    return device
+
+
+class _CudaAsCpu(torch.overrides.TorchFunctionMode):
+    """Runs torch calls written for CUDA on the CPU: `device="cuda"` (or an index) becomes the CPU,
+    `.cuda()` is the tensor itself, and `.type()` names a float tensor as its CUDA type, which is
+    what megatron's optimizers check before they take a parameter."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            return _CUDA_TYPE_NAMES.get(args[0].dtype) or func(*args)
+        if "device" in kwargs:
+            kwargs["device"] = _as_cpu(kwargs["device"])
+        if func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.Tensor, torch.dtype)):
+            args = (args[0], _as_cpu(args[1]), *args[2:])
+        return func(*args, **kwargs)
+
+
+def megatron_on_cpu() -> contextlib.AbstractContextManager:
+    """A context in which megatron-core's CUDA-only calls run on the CPU; does nothing with an accelerator."""
+    if accelerator_present():
+        return contextlib.nullcontext()
+    apply_cpu_shims()
+    return _CudaAsCpu()
 
 
 class SDPACoreAttention(MegatronModule):

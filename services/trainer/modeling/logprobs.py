@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
 from services.trainer.modeling.model import compute_device
 
 
@@ -208,16 +209,21 @@ def _packed_params(bounds: torch.Tensor, max_len: int):
 
 @torch.no_grad()
 def compute_logprobs(model, batch: ResponseBatch, cfg: ForwardConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs and entropy [B, L] of every sample's response (old / reference / rollout-check passes)."""
+    """Log-probs and entropy [B, L] of every sample's response (old / reference / rollout-check passes).
+
+    Each data-parallel rank computes its share of the rows; every rank gets all of them back.
+    """
     was_training = model.training
     model.eval()
     width = batch.max_response_length
     logp = torch.zeros(batch.size, width)
     entropy = torch.zeros(batch.size, width)
-    indexes = micro_batches(batch, cfg)
-    parts = [batch.select(index) for index in indexes]
-    for index, part, (lp, ent) in zip(indexes, parts, run_micro_batches(model, parts, cfg.use_remove_padding)):
-        logp[index, : part.max_response_length] = lp.cpu()
-        entropy[index, : part.max_response_length] = ent.cpu()
+    mine = my_rows(torch.arange(batch.size))
+    if len(mine):
+        indexes = [mine[index] for index in micro_batches(batch.select(mine), cfg)]
+        parts = [batch.select(index) for index in indexes]
+        for index, part, (lp, ent) in zip(indexes, parts, run_micro_batches(model, parts, cfg.use_remove_padding)):
+            logp[index, : part.max_response_length] = lp.cpu()
+            entropy[index, : part.max_response_length] = ent.cpu()
     model.train(was_training)
-    return logp, entropy
+    return sum_over_data_parallel(logp), sum_over_data_parallel(entropy)
