@@ -194,6 +194,10 @@ class RewardModelConfig:
 
     load: str = ""  # Hugging Face directory of a *ForSequenceClassification model with num_labels 1; empty: rules only
     seq_length: int = 1024  # prompt + response tokens the model reads; a longer input keeps its last seq_length tokens
+    # Reward-model replicas `dockrl up` starts beside the reward.replicas rule replicas. 0: every
+    # reward replica serves the model itself; > 0: only these do (consumer model_reward), the rule
+    # replicas score the rules and add the model's part once it is in the dock, each kind scaled on its own.
+    model_replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -573,6 +577,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"= {admitted_groups}; the pool must hold the groups the trainer admits (or 0 for the default)"
         )
     _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
+    _check_positive(errors, "reward_config.model_replicas", cfg.reward_config.model_replicas, allow_zero=True)
+    if cfg.reward_config.model_replicas > 0:
+        if "reward_model" not in rl.verifier_function:
+            errors.append(f"reward_config.model_replicas: {cfg.reward_config.model_replicas} reward-model replicas would have "
+                          "nothing to score: rl_config.verifier_function does not list reward_model (add it, or set 0)")
+        elif set(rl.verifier_function) == {"reward_model"}:
+            errors.append("reward_config.model_replicas: rl_config.verifier_function lists only reward_model, so the reward "
+                          "replicas already score nothing else; set 0 and scale reward.replicas instead")
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     shares = []
     if cfg.init_model is not None:
