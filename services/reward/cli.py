@@ -88,13 +88,14 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    # A rule replica of a split run loads no reward model: that is what the reward-model replicas are for.
+    # A rule replica of a split run loads no reward model: that is what the reward-model replicas are
+    # for; its gRPC Score calls that list reward_model get that part from one of them.
     with (VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool,
-          _reward_model(cfg, args.kind == "model" or not split) as model):
+          _reward_model(cfg, args.kind == "model" or not split) as model, _remote_model(cfg, args.kind == "rule" and split) as remote):
         # a bad dock config fails before serving
         worker = RewardWorker.from_config(cfg, pool, model, args.kind) if args.dock else None
         host = args.host or cfg.reward.host
-        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port, model)
+        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port, model or remote)
         if cfg.reward.metrics_port:
             import prometheus_client
 
@@ -138,6 +139,22 @@ def _reward_model(cfg, wanted: bool = True):
 
     with RewardModelScorer.start(cfg) as model:
         yield model
+
+
+@contextlib.contextmanager
+def _remote_model(cfg, wanted: bool):
+    """A rule replica's way to a split run's reward-model replicas (through the run's registry), or None."""
+    if not wanted:
+        yield None
+        return
+    from services.common.auth import resolve_token
+    from services.dock.client import Dock
+    from services.dock.registry import ReplicaRegistry
+    from services.reward.client import RemoteRewardModel
+
+    dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
+    with RemoteRewardModel(ReplicaRegistry(dock.client, dock.keys)) as remote:
+        yield remote
 
 
 def _score(cfg, args: argparse.Namespace) -> int:

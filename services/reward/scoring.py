@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from services.common.config import RLConfig
 from services.common.errors import InvalidArgument
-from services.reward.model import MODEL_VERIFIER, RewardModelScorer
+from services.reward.model import MODEL_VERIFIER, ModelScorer
 from services.reward.overlong import OverlongPenalty
 from services.reward.pool import VerifierOutcome, VerifierRunner, VerifyTask
 from services.reward.verifiers import get_verifier
@@ -88,7 +88,7 @@ class SampleScore:
 
 
 def score_samples(samples: Sequence[ScoreInput], plan: ScoringPlan, runner: VerifierRunner,
-                  model: RewardModelScorer | None = None) -> list[SampleScore]:
+                  model: ModelScorer | None = None) -> list[SampleScore]:
     """Scores every sample with the plan's parts: rules through `runner` (the pool or in-process),
     `reward_model` through `model`, both at once. InvalidArgument when the plan needs a model this
     process has none of, or a sample gives the model no token (field `items[i].response`). Samples
