@@ -1,5 +1,5 @@
 """Builds what a run needs and does not have yet: the tiny model, the demo data, the warm start,
-and the tiny reward model when reward_config.load names a directory that holds none.
+and the tiny reward model when `reward_model` is a verifier and reward_config.load holds none.
 
 Only for configs with an `init_model` / `arithmetic` section (the tiny CPU demo); a run on a real
 checkpoint and dataset skips all of it. Each step is skipped when its output exists, so a second
@@ -40,7 +40,8 @@ def prepare_run(cfg: Config) -> list[str]:
                                             output_prefix=prefix, prompt_type=prompt_type), progress=False)
         done.append(f"wrote arithmetic data: {', '.join(f'{k} -> {v}' for k, v in targets.items() if v)}")
     reward_dir = pathlib.Path(cfg.reward_config.load)
-    if cfg.init_model is not None and cfg.reward_config.load and not (reward_dir / "config.json").exists():
+    wants_model = cfg.reward_config.load and "reward_model" in cfg.rl_config.verifier_function
+    if cfg.init_model is not None and wants_model and not (reward_dir / "config.json").exists():
         from services.common.tiny_model import build_tiny_model, fit_reward_model
 
         init = cfg.init_model
