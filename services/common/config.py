@@ -180,8 +180,8 @@ class RewardServiceConfig:
     """Where reward replicas listen and what one Score request may hold."""
 
     host: str = "127.0.0.1"  # bind address
-    grpc_port: int = 50061  # gRPC port
-    replicas: int = 1  # replicas `dockrl up` starts
+    grpc_port: int = 50061  # gRPC port of the first replica (replica i: + i; reward-model replicas follow the rule ones)
+    replicas: int = 1  # rule reward replicas `dockrl up` starts (they also serve the reward model while reward_config.model_replicas is 0)
     max_items: int = 4096  # items per Score request; more is INVALID_ARGUMENT
     max_response_chars: int = 1_000_000  # characters per response; longer is INVALID_ARGUMENT
     max_request_mb: int = 64  # gRPC receive limit for one Score request
@@ -195,6 +195,7 @@ class RewardModelConfig:
 
     load: str = ""  # Hugging Face directory of a *ForSequenceClassification model with num_labels 1; empty: rules only
     seq_length: int = 1024  # prompt + response tokens the model reads; a longer input keeps its last seq_length tokens
+    model_replicas: int = 0  # reward-model replicas `dockrl up` starts (consumer model_reward); 0: every reward replica serves the model itself
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,7 @@ class InitModelConfig:
     warm_start_accuracy: float = 0.0  # SFT until this share of greedy answers is right, boxed or not; 0 skips the warm start
     warm_start_max_steps: int = 2000  # SFT step limit
     warm_start_boxed_fraction: float = 1.0  # share of SFT targets written as `\\boxed{answer}`; the rest give the bare answer
+    reward_fit_steps: int = 20  # fit steps of the tiny reward model `prepare` builds where reward_config.load holds none (0: random head)
 
 
 @dataclass(frozen=True)
@@ -574,6 +576,16 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"= {admitted_groups}; the pool must hold the groups the trainer admits (or 0 for the default)"
         )
     _check_positive(errors, "dock.capacity_groups", cfg.dock.capacity_groups, allow_zero=True)
+    _check_positive(errors, "reward_config.model_replicas", cfg.reward_config.model_replicas, allow_zero=True)
+    if cfg.init_model is not None:
+        _check_positive(errors, "init_model.reward_fit_steps", cfg.init_model.reward_fit_steps, allow_zero=True)
+    if cfg.reward_config.model_replicas > 0:
+        if "reward_model" not in rl.verifier_function:
+            errors.append(f"reward_config.model_replicas: {cfg.reward_config.model_replicas} reward-model replicas would have "
+                          "nothing to score: rl_config.verifier_function does not list reward_model (add it, or set 0)")
+        elif set(rl.verifier_function) == {"reward_model"}:
+            errors.append("reward_config.model_replicas: rl_config.verifier_function lists only reward_model, so the reward "
+                          "replicas already score nothing else; set 0 and scale reward.replicas instead")
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     shares = []
     if cfg.init_model is not None:

@@ -57,6 +57,7 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
     ColumnSpec("finish_reason", "utf8"),  # stop | length | abort
     ColumnSpec("rm_scores", "float32"),  # [] reward of the whole response
     ColumnSpec("rm_parts", "float32", (None,)),  # [V] each verifier's score (rl_config.verifier_function order), before weighting
+    ColumnSpec("rm_model", "float32"),  # [] the reward model's score, before weighting (from reward-model replicas, when they run apart)
     ColumnSpec("token_level_rewards", "float32", (None,)),  # [L]
     ColumnSpec("old_log_prob", "float32", (None,)),  # [L]
     ColumnSpec("ref_log_prob", "float32", (None,)),  # [L]
@@ -70,6 +71,7 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
 DISPATCH_SIZE_KEYS: dict[str, str] = {
     "actor_rollout": "actor_rollout_dispatch_size",
     "rule_reward": "reward_dispatch_size",
+    "model_reward": "reward_dispatch_size",  # reward-model replicas, when they run apart from the rule ones
     "actor_log_prob": "actor_logprob_dispatch_size",
     "ref_log_prob": "ref_dispatch_size",
     "compute_advantage": "adv_dispatch_size",

@@ -35,7 +35,8 @@ def _port(base: int, i: int) -> int:
 
 
 def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str, ready_dir: pathlib.Path) -> list[ProcessSpec]:
-    """Rollout replicas, reward replicas and the trainer, in start order; the servers write their bound ports under `ready_dir`."""
+    """Rollout replicas, reward replicas (rule, then reward-model ones), and the trainer, in start order;
+    the servers write their bound ports under `ready_dir`."""
     python = sys.executable
     ready_dir.mkdir(parents=True, exist_ok=True)
     conf = ["--config", str(config_path)]
@@ -58,6 +59,13 @@ def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str, ready
         specs.append(ProcessSpec(f"reward-{i}", (
             python, "-m", "services.reward", "serve", *conf, "--port", str(_port(cfg.reward.grpc_port, i)), "--dock",
             "--ready-file", ready,
+        ), ready_file=ready))
+    for i in range(cfg.reward_config.model_replicas):
+        # Port reward.grpc_port + reward.replicas + i: after the rule replicas', so none collide.
+        ready = str(ready_dir / f"reward-model-{i}.json")
+        specs.append(ProcessSpec(f"reward-model-{i}", (
+            python, "-m", "services.reward", "serve", *conf, "--kind", "model",
+            "--port", str(_port(cfg.reward.grpc_port, cfg.reward.replicas + i)), "--dock", "--ready-file", ready,
         ), ready_file=ready))
     specs.append(ProcessSpec("trainer", (python, "-m", "services.trainer", "train", *conf, "--port", str(_port(cfg.trainer.grpc_port, 0)))))
     return specs

@@ -1,4 +1,5 @@
-"""Builds what a run needs and does not have yet: the tiny model, the demo data, the warm start.
+"""Builds what a run needs and does not have yet: the tiny model, the demo data, the warm start,
+and the tiny reward model when `reward_model` is a verifier and reward_config.load holds none.
 
 Only for configs with an `init_model` / `arithmetic` section (the tiny CPU demo); a run on a real
 checkpoint and dataset skips all of it. Each step is skipped when its output exists, so a second
@@ -11,7 +12,7 @@ import logging
 import pathlib
 import time
 
-from services.common.config import Config
+from services.common.config import ArithmeticConfig, Config
 from services.common.preprocess import PreprocessConfig, preprocess
 
 logger = logging.getLogger("dockrl.prepare")
@@ -38,6 +39,16 @@ def prepare_run(cfg: Config) -> list[str]:
                 preprocess(PreprocessConfig(input=str(paths[name]), tokenizer_name_or_path=mt.tokenizer_name_or_path,
                                             output_prefix=prefix, prompt_type=prompt_type), progress=False)
         done.append(f"wrote arithmetic data: {', '.join(f'{k} -> {v}' for k, v in targets.items() if v)}")
+    reward_dir = pathlib.Path(cfg.reward_config.load)
+    wants_model = cfg.reward_config.load and "reward_model" in cfg.rl_config.verifier_function
+    if cfg.init_model is not None and wants_model and not (reward_dir / "config.json").exists():
+        from services.common.tiny_model import build_tiny_model, fit_reward_model
+
+        init = cfg.init_model
+        build_tiny_model(reward_dir, init, prompt_type=init.prompt_type, reward=True)
+        ranked = fit_reward_model(reward_dir, init.reward_fit_steps, cfg.arithmetic or ArithmeticConfig(), seed=init.seed) \
+            if init.reward_fit_steps else 0.5
+        done.append(f"built tiny reward model in {reward_dir} (fit {init.reward_fit_steps} steps: ranks {ranked:.0%} of answer pairs right)")
     marker = model_dir / "warm_start.json"
     if cfg.init_model is not None and cfg.init_model.warm_start_accuracy > 0 and not marker.exists():
         from services.common.arithmetic_data import arithmetic_problems

@@ -2,9 +2,10 @@
 
 1. prepare what the config needs (tiny model, data, warm start)
 2. start redis-server when `dock.redis_url` is empty
-3. start rollout replicas, reward replicas and the trainer together (the trainer's imports and
-   model build overlap vLLM's start; it waits for a replica in the dock's registry itself), and
-   wait until each replica answers health checks
+3. start rollout replicas, reward replicas (rule ones, and reward-model ones when
+   reward_config.model_replicas > 0) and the trainer together (the trainer's imports and model
+   build overlap vLLM's start; it waits for a replica in the dock's registry itself), and wait
+   until each replica answers health checks
 4. show one progress bar fed by the trainer's metrics log
 5. on Ctrl-C, a failed service or the trainer's end: stop every process (no orphans)
 """

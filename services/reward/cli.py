@@ -21,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--port", type=int, help="gRPC port; 0 picks a free one (default: reward.grpc_port)")
     serve.add_argument("--dock", action="store_true",
                        help="also score the dock's completed response groups and put rm_scores back")
+    serve.add_argument("--kind", choices=("rule", "model"), default="rule",
+                       help="which part this replica scores in the dock when reward_config.model_replicas > 0: rule "
+                            "(the rule verifiers, and the weighted sum once the model's part is in; it loads no reward "
+                            "model) or model (the reward model alone; consumer model_reward). With model_replicas 0 only "
+                            "rule is accepted, and it scores every part (default: rule)")
     serve.add_argument("--ready-file", default=None,
                        help="write {grpc_port, pid} as JSON here once the server accepts calls (how a launcher "
                             "learns the port that --port 0 bound)")
@@ -67,6 +72,7 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from services.common.errors import FailedPrecondition
     from services.common.grpc_serving import advertised_address
     from services.common.log import log_event, setup_logging
     from services.common.ready_file import write_ready_file
@@ -74,14 +80,22 @@ def _serve(cfg, args: argparse.Namespace) -> int:
     from services.reward.server import start_server
     from services.reward.worker import RewardWorker
 
-    logger = setup_logging("reward")
+    split = cfg.reward_config.model_replicas > 0
+    if args.kind == "model" and not split:
+        raise FailedPrecondition("--kind model: reward_config.model_replicas is 0, so every reward replica serves the reward "
+                                 "model itself; set it > 0 to run reward-model replicas apart")
+    logger = setup_logging("reward-model" if args.kind == "model" else "reward")
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool, _reward_model(cfg) as model:
-        worker = RewardWorker.from_config(cfg, pool, model) if args.dock else None  # a bad dock config fails before serving
+    # A rule replica of a split run loads no reward model: that is what the reward-model replicas are
+    # for; its gRPC Score calls that list reward_model get that part from one of them.
+    with (VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool,
+          _reward_model(cfg, args.kind == "model" or not split) as model, _remote_model(cfg, args.kind == "rule" and split) as remote):
+        # a bad dock config fails before serving
+        worker = RewardWorker.from_config(cfg, pool, model, args.kind) if args.dock else None
         host = args.host or cfg.reward.host
-        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port, model)
+        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port, model or remote)
         if cfg.reward.metrics_port:
             import prometheus_client
 
@@ -125,6 +139,22 @@ def _reward_model(cfg, wanted: bool = True):
 
     with RewardModelScorer.start(cfg) as model:
         yield model
+
+
+@contextlib.contextmanager
+def _remote_model(cfg, wanted: bool):
+    """A rule replica's way to a split run's reward-model replicas (through the run's registry), or None."""
+    if not wanted:
+        yield None
+        return
+    from services.common.auth import resolve_token
+    from services.dock.client import Dock
+    from services.dock.registry import ReplicaRegistry
+    from services.reward.client import RemoteRewardModel
+
+    dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
+    with RemoteRewardModel(ReplicaRegistry(dock.client, dock.keys)) as remote:
+        yield remote
 
 
 def _score(cfg, args: argparse.Namespace) -> int:

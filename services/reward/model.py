@@ -26,6 +26,7 @@ import pathlib
 import threading
 import uuid
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 from services.common.config import Config
 from services.common.errors import FailedPrecondition, InvalidArgument
@@ -38,6 +39,17 @@ MODEL_VERIFIER = "reward_model"  # its name in verifier_function, parts and logs
 
 MODEL_SAMPLES = counter("reward_model_samples_total", "samples scored by the reward model")
 MODEL_TRUNCATED = counter("reward_model_truncated_total", "reward-model inputs cut to reward_config.seq_length tokens")
+
+
+class ModelScorer(Protocol):
+    """What scores the `reward_model` part: this process's engine (RewardModelScorer) or, on a rule
+    replica of a split run, a reward-model replica (client.RemoteRewardModel)."""
+
+    def encode(self, prompt: str, response: str, field: str) -> Any:
+        """One sample's input for `submit`; InvalidArgument naming `field` when it cannot be scored."""
+
+    def submit(self, inputs: Sequence[Any]) -> concurrent.futures.Future:
+        """Starts scoring; the future gives one float per input, in order."""
 
 
 class RewardModelScorer:

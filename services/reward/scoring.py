@@ -1,7 +1,9 @@
 """A sample's reward: the weighted sum of its verifier scores plus the overlong penalty.
 
 The parts are the rule verifiers (run by the process pool) and, when `reward_model` is listed,
-the reward model's score (run by its vLLM engine at the same time as the rules).
+the reward model's score: run by this process's vLLM engine at the same time as the rules, or,
+when reward-model replicas run apart (reward_config.model_replicas), read from the dock's
+`rm_model` column that one of them put (`ScoreInput.model_score`).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 
 from services.common.config import RLConfig
 from services.common.errors import InvalidArgument
-from services.reward.model import MODEL_VERIFIER, RewardModelScorer
+from services.reward.model import MODEL_VERIFIER, ModelScorer
 from services.reward.overlong import OverlongPenalty
 from services.reward.pool import VerifierOutcome, VerifierRunner, VerifyTask
 from services.reward.verifiers import get_verifier
@@ -57,12 +59,14 @@ class ScoringPlan:
 @dataclass(frozen=True)
 class ScoreInput:
     """One decoded response to score; `response_length` in tokens (for the overlong penalty);
-    `prompt` (text, chat template included) is read by the reward model only."""
+    `prompt` (text, chat template included) is read by the reward model only; `model_score` is
+    the reward model's score when another replica computed it already."""
 
     response: str
     label: str
     response_length: int = 0
     prompt: str = ""
+    model_score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -84,20 +88,24 @@ class SampleScore:
 
 
 def score_samples(samples: Sequence[ScoreInput], plan: ScoringPlan, runner: VerifierRunner,
-                  model: RewardModelScorer | None = None) -> list[SampleScore]:
+                  model: ModelScorer | None = None) -> list[SampleScore]:
     """Scores every sample with the plan's parts: rules through `runner` (the pool or in-process),
     `reward_model` through `model`, both at once. InvalidArgument when the plan needs a model this
-    process has none of, or a sample gives the model no token (field `items[i].response`)."""
-    model_scores = None
-    if plan.uses_model:
+    process has none of, or a sample gives the model no token (field `items[i].response`). Samples
+    that all carry `model_score` take the model's part from it instead of `model`."""
+    model_values = [s.model_score for s in samples]
+    pending = None
+    if plan.uses_model and (None in model_values or not samples):
         if model is None:
             raise InvalidArgument(
-                "verifier_function", f"{MODEL_VERIFIER} is not served here (reward_config.load is empty on this replica)"
+                "verifier_function", f"{MODEL_VERIFIER} is not served here (reward_config.load is empty, or "
+                                     "reward_config.model_replicas > 0 puts the model on reward-model replicas only)"
             )
         ids = [model.encode(s.prompt, s.response, f"items[{i}].response") for i, s in enumerate(samples)]
-        model_scores = model.submit(ids)
+        pending = model.submit(ids)
     rule_outcomes = runner.run([VerifyTask(s.response, s.label, plan.rules) for s in samples]) if plan.rules else [[] for _ in samples]
-    model_values = model_scores.result() if model_scores is not None else []
+    if pending is not None:
+        model_values = pending.result()
     scored = []
     for i, (sample, outcomes) in enumerate(zip(samples, rule_outcomes)):
         rule_parts = iter(outcomes)

@@ -19,7 +19,7 @@ from services.common.log import log_event
 from services.common.metrics import counter, histogram
 from services.common.pb import reward_pb2, reward_pb2_grpc
 from services.reward.decoding import ResponseDecoder
-from services.reward.model import MODEL_VERIFIER, RewardModelScorer
+from services.reward.model import MODEL_VERIFIER, ModelScorer
 from services.reward.pool import VerifierRunner
 from services.reward.scoring import SampleScore, ScoreInput, ScoringPlan, score_samples
 from services.reward.verifiers import REGISTRY
@@ -44,7 +44,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     answers per-sample totals and parts."""
 
     def __init__(self, default_plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder, limits: RequestLimits,
-                 model: RewardModelScorer | None = None):
+                 model: ModelScorer | None = None):
         self._default_plan = default_plan
         self._runner = runner
         self._decoder = decoder
@@ -156,7 +156,7 @@ class RewardServer:
         self.server.stop(grace_s).wait()
 
 
-def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int, model: RewardModelScorer | None = None) -> RewardServer:
+def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int, model: ModelScorer | None = None) -> RewardServer:
     """Starts Reward and health on host:port (0 asks the OS for a free port); `model` serves `reward_model`."""
     rc = cfg.reward
     server = grpc.server(

@@ -8,6 +8,13 @@ has its put refused and drops the batch. When the run's layout has an `rm_parts`
 (float32, one entry per verifier in rl_config.verifier_function order) the unweighted
 per-verifier scores go there too. With `reward_model` among the verifiers the claim also takes
 `prompts`, and the reward model scores prompt + response beside the rules.
+
+With reward_config.model_replicas > 0 the two kinds of replica run apart, each scaled on its own:
+a `model` replica claims as consumer `model_reward` and puts only the model's unweighted score
+(`rm_model`); a `rule` replica claims `rule_reward` on rows whose `rm_model` is already final, runs
+the rules and puts the weighted sum. So a row is scored (rm_scores final) only once both parts are
+there, each part is computed by one claim (a lease), and a replica that dies loses nothing: its
+lease expires and another replica of the same kind takes the rows.
 """
 from __future__ import annotations
 
@@ -21,21 +28,24 @@ import numpy as np
 
 from services.common.auth import resolve_token
 from services.common.config import Config
-from services.common.errors import FailedPrecondition, Unavailable
+from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.dock.client import Claim, Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.scripts import StaleLease
 from services.reward.decoding import ResponseDecoder
-from services.reward.model import RewardModelScorer
+from services.reward.model import MODEL_VERIFIER, RewardModelScorer
 from services.reward.pool import VerifierRunner
-from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+from services.reward.scoring import PartScore, SampleScore, ScoreInput, ScoringPlan, score_samples
 
 logger = logging.getLogger("dockrl.reward.worker")
 
 CONSUMER = "rule_reward"
+MODEL_CONSUMER = "model_reward"  # reward-model replicas, when they run apart from the rule ones
 PARTS_COLUMN = "rm_parts"
+MODEL_COLUMN = "rm_model"
+KINDS = ("rule", "model")
 _CLAIM_WAIT_S = 1.0  # a claim waits this long for work, so a stop request is seen within it
 _PROGRESS_EVERY_S = 10.0
 
@@ -55,30 +65,54 @@ class BatchReport:
 
 class RewardWorker:
     """Scores the dock's `rule_reward` work with `plan` through `runner` (the process pool) and,
-    when the plan lists `reward_model`, `model`."""
+    when the plan lists `reward_model`, `model`; or, as a `model` replica (`kind`), the
+    `model_reward` work with `model` alone. `split`: the model runs on replicas of its own, so a
+    `rule` replica takes its part from the `rm_model` column."""
 
     def __init__(self, dock: Dock, plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder,
-                 count: int | None = None, model: RewardModelScorer | None = None):
+                 count: int | None = None, model: RewardModelScorer | None = None, kind: str = "rule", split: bool = False):
+        if kind not in KINDS:
+            raise InvalidArgument("kind", f"{kind!r} is not one of {', '.join(KINDS)}")
+        if kind == "model" and not (split and model is not None and plan.uses_model):
+            raise FailedPrecondition("a reward-model replica needs reward_model in rl_config.verifier_function, "
+                                     "reward_config.load and reward_config.model_replicas > 0")
         self.dock = dock
         self.plan = plan
         self.runner = runner
         self.decoder = decoder
         self.model = model
         self.count = count  # rows per claim; None: rl_config.reward_dispatch_size (the layout's)
+        self.kind = kind
+        self.split = split and plan.uses_model
+        self.consumer = MODEL_CONSUMER if kind == "model" else CONSUMER
         self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
 
     @classmethod
-    def from_config(cls, cfg: Config, runner: VerifierRunner, model: RewardModelScorer | None = None) -> "RewardWorker":
-        """A worker on the run's dock, with the run's verifiers, tokenizer and reward model."""
+    def from_config(cls, cfg: Config, runner: VerifierRunner, model: RewardModelScorer | None = None,
+                    kind: str = "rule") -> "RewardWorker":
+        """A `kind` worker on the run's dock, with the run's verifiers, tokenizer and reward model."""
         decoder = ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path)
         if not decoder.available:
             raise FailedPrecondition("megatron_training.tokenizer_name_or_path is empty: the dock worker decodes responses with it")
-        dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=f"reward-{uuid.uuid4().hex[:8]}")
-        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model)
+        holder = f"reward-{'model-' if kind == 'model' else ''}{uuid.uuid4().hex[:8]}"
+        dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=holder)
+        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model, kind=kind,
+                   split=cfg.reward_config.model_replicas > 0)
+
+    @property
+    def registry_kind(self) -> str:
+        """What it registers as: `reward` (serves Score for the whole plan over gRPC) or `reward_model`."""
+        return "reward_model" if self.kind == "model" else "reward"
 
     def step(self, wait_s: float = 0.0) -> BatchReport | None:
         """One claim (waiting up to `wait_s` for work), scored and put back; None when there was no work."""
-        columns = ["responses", "labels", "prompts"] if self.plan.uses_model else ["responses", "labels"]
+        if self.kind == "model":
+            return self._model_step(wait_s)
+        columns = ["responses", "labels"]
+        if self.split:
+            columns.append(MODEL_COLUMN)  # claimed only once a reward-model replica put the model's part
+        elif self.plan.uses_model:
+            columns.append("prompts")
         claim = self.dock.claim(CONSUMER, columns, self.count, group=True,
                                 partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
@@ -91,6 +125,24 @@ class RewardWorker:
         columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
         if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
             columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
+        return self._put(claim, columns, scored)
+
+    def _model_step(self, wait_s: float) -> BatchReport | None:
+        claim = self.dock.claim(MODEL_CONSUMER, ["responses", "prompts"], self.count, group=True,
+                                partial_columns=["response_length"], timeout_s=wait_s)
+        if claim is None:
+            return None
+        try:
+            samples = self._inputs(claim)
+            ids = [self.model.encode(s.prompt, s.response, f"rows[{row}].responses") for row, s in zip(claim.indexes, samples)]
+            values = self.model.score(ids)
+        except Exception:  # give the rows back at once rather than after the lease
+            self.dock.release(claim.lease, claim.indexes)
+            raise
+        scored = [SampleScore(v, (PartScore(MODEL_VERIFIER, v),), 0.0) for v in values]
+        return self._put(claim, {MODEL_COLUMN: np.array(values, dtype=np.float32)}, scored)
+
+    def _put(self, claim: Claim, columns: dict[str, np.ndarray], scored: list[SampleScore]) -> BatchReport:
         try:
             self.dock.put(claim.indexes, columns, lease=claim.lease)
         except StaleLease:
@@ -98,10 +150,11 @@ class RewardWorker:
             log_event(logger, "lease taken over; batch dropped", logging.WARNING, rows=len(claim))
             return BatchReport([], 0.0, {}, 0)
         ROWS_SCORED.inc(len(claim))
+        names = [p.name for p in scored[0].parts]
         return BatchReport(
             indexes=list(claim.indexes),
-            mean_score=float(columns["rm_scores"].mean()),
-            part_means={name: float(np.mean([s.parts[i].score for s in scored])) for i, name in enumerate(self.plan.verifiers)},
+            mean_score=float(np.mean([s.total for s in scored])),
+            part_means={name: float(np.mean([s.parts[i].score for s in scored])) for i, name in enumerate(names)},
             timed_out=sum(p.timed_out for s in scored for p in s.parts),
         )
 
@@ -109,11 +162,14 @@ class RewardWorker:
         lengths = claim.columns["response_length"]
         # The reward model reads the prompt as the policy saw it, chat template and its special tokens included.
         prompts = ([self.decoder.decode([int(t) for t in ids], skip_special_tokens=False) for ids in claim.columns["prompts"]]
-                   if self.plan.uses_model else [""] * len(claim))
+                   if "prompts" in claim.columns else [""] * len(claim))
+        labels = claim.columns.get("labels", [""] * len(claim))
+        model_scores = claim.columns.get(MODEL_COLUMN, [None] * len(claim))
         inputs = []
-        for ids, label, length, prompt in zip(claim.columns["responses"], claim.columns["labels"], lengths, prompts):
+        for ids, label, length, prompt, model_score in zip(claim.columns["responses"], labels, lengths, prompts, model_scores):
             tokens = [int(t) for t in ids]
-            inputs.append(ScoreInput(self.decoder.decode(tokens), label, len(tokens) if length is None else int(length), prompt))
+            inputs.append(ScoreInput(self.decoder.decode(tokens), label, len(tokens) if length is None else int(length), prompt,
+                                     None if model_score is None else float(np.asarray(model_score).reshape(-1)[0])))
         return inputs
 
     def run_until(self, stop: threading.Event, address: str = "", heartbeat_ttl_s: float = 10.0) -> None:
@@ -125,13 +181,13 @@ class RewardWorker:
         last_beat = -float("inf")  # register on the first pass
         window = _Window(time.monotonic())
         waiting_for = ""
-        log_event(logger, "dock worker started", replica=replica_id, consumer=CONSUMER, run=self.dock.keys.base)
+        log_event(logger, "dock worker started", replica=replica_id, consumer=self.consumer, run=self.dock.keys.base)
         try:
             while not stop.is_set():
                 try:
                     # Heartbeat first: waiting for the dock to exist must not let the registration expire.
                     if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
-                        registry.register(replica_id, address or "dock-only", "reward")  # also revives an expired entry
+                        registry.register(replica_id, address or "dock-only", self.registry_kind)  # also revives an expired entry
                         last_beat = time.monotonic()
                     report = self.step(wait_s=_CLAIM_WAIT_S)
                 except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait

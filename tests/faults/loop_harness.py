@@ -232,7 +232,7 @@ class LoopSystem:
 
     def replica_id(self, name: str) -> str:
         """The id service `name` registered under (its gRPC address identifies it)."""
-        kind = name.split("-")[0]
+        kind = name.rsplit("-", 1)[0].replace("-", "_")  # reward-model-0 registers as reward_model
         registry = ReplicaRegistry(self.redis(), self.dock().keys, self.cfg.rollout.heartbeat_ttl_s)
         deadline = time.monotonic() + 120
         while True:

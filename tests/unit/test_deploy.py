@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from services.cli import SERVICE_COMMANDS, build_parser
-from services.common.config import load_config
+from services.common.config import ConfigError, load_config
 from tests.deploy.docker_host import compose_binary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ def test_compose_files_resolve_with_docker_compose():
         assert done.returncode == 0, f"{overrides}: {done.stderr}"
 
 
-@pytest.mark.parametrize("name", ["prepare", "rollout", "reward", "trainer"])
+@pytest.mark.parametrize("name", ["prepare", "rollout", "reward", "reward-model", "trainer"])
 def test_compose_commands_exist_and_ports_agree(name):
     service = COMPOSE["services"][name]
     args = _parse_service_command(service["command"])
@@ -152,10 +152,10 @@ def test_compose_proxy_spreads_over_the_rollout_ports_on_loopback_only():
 @pytest.mark.parametrize("platform", ["cuda", "ascend"])
 def test_accelerator_overrides_reserve_devices_and_pick_their_image(platform):
     services = _resolved(f"deploy/docker-compose.{platform}.yml")
-    for name in ("prepare", "rollout", "reward", "trainer"):
+    for name in ("prepare", "rollout", "reward", "reward-model", "trainer"):
         assert services[name]["image"] == f"dockrl:{platform}"
         assert services[name]["build"]["dockerfile"] == f"deploy/docker/Dockerfile.{platform}"
-    for name in ("rollout", "trainer"):
+    for name in ("rollout", "reward-model", "trainer"):
         if platform == "cuda":
             [device] = services[name]["deploy"]["resources"]["reservations"]["devices"]
             assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
@@ -172,7 +172,7 @@ def test_kubernetes_manifest_validates_against_the_kubernetes_schemas():
     for doc in K8S:
         kubernetes_validate.validate(doc, "1.33.0", strict=True)
     for doc in K8S:
-        if doc["metadata"]["name"] not in ("dockrl-rollout", "dockrl-trainer"):
+        if doc["metadata"]["name"] not in ("dockrl-rollout", "dockrl-reward-model", "dockrl-trainer"):
             continue
         pod = doc["spec"]["template"]["spec"]
         shm = [v for v in pod["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"]
@@ -195,3 +195,43 @@ def test_rollout_gets_its_drain_time_before_it_is_killed():
     assert int(grace.rstrip("s")) > drain_s, f"compose kills rollout after {grace}, before its {drain_s} s drain ends"
     [rollout] = [d for d in K8S if d["metadata"]["name"] == "dockrl-rollout"]
     assert rollout["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > drain_s
+
+
+def test_compose_runs_reward_model_replicas_apart_with_one_variable():
+    """DOCKRL_REWARD_MODEL_REPLICAS starts that many `reward-model` containers and tells every container's
+    config (reward_config.model_replicas) that the model runs there; unset, none start and the key is 0."""
+    default = _resolved()
+    assert default["reward-model"]["deploy"]["replicas"] == 0
+    done = _compose_config(**SECRETS, DOCKRL_REWARD_MODEL_REPLICAS="2")
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    model = services["reward-model"]
+    assert model["deploy"]["replicas"] == 2
+    assert int(model["shm_size"]) >= 512 * 2**20, "vLLM's pooling engine needs /dev/shm above Docker's 64 MiB"
+    assert "ports" not in model and "container_name" not in model, "fixed host ports or names break --scale reward-model=N"
+    assert model["depends_on"]["prepare"]["condition"] == "service_completed_successfully"  # the checkpoint prepare builds
+    for name in ("prepare", "rollout", "reward", "reward-model", "trainer"):
+        assert default[name]["environment"]["DOCKRL__REWARD_CONFIG__MODEL_REPLICAS"] == "0", name
+        assert services[name]["environment"]["DOCKRL__REWARD_CONFIG__MODEL_REPLICAS"] == "2", name
+    assert _parse_service_command(model["command"]).kind == "model"
+    assert _parse_service_command(services["reward"]["command"]).kind == "rule"
+    # What the containers then load: the split, or an error naming the key when the config has no model part.
+    env = {k: v for k, v in model["environment"].items() if k.startswith("DOCKRL__REWARD_CONFIG__")}
+    mix = ["reward_config.load=/app/runs/tiny/reward_model", "rl_config.verifier_function=[math_17k_acc, reward_model]",
+           "rl_config.verifier_weight=[0.5, 0.5]"]
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        assert load_config(ROOT / "configs/tiny_cpu.yaml", mix).reward_config.model_replicas == 2
+        with pytest.raises(ConfigError, match=r"reward_config.model_replicas: 2 reward-model replicas would have nothing to score"):
+            load_config(ROOT / "configs/tiny_cpu.yaml")
+
+
+def test_kubernetes_reward_model_deployment_serves_the_model_kind_on_a_gpu():
+    [model] = [d for d in K8S if d["metadata"]["name"] == "dockrl-reward-model"]
+    [env] = [d for d in K8S if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "dockrl-env"]
+    assert env["data"]["DOCKRL__REWARD_CONFIG__MODEL_REPLICAS"] == "0" and model["spec"]["replicas"] == 0  # off until both are raised
+    [container] = model["spec"]["template"]["spec"]["containers"]
+    assert _parse_service_command(container["command"]).kind == "model"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["envFrom"] == [{"configMapRef": {"name": "dockrl-env"}}]

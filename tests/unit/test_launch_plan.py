@@ -31,3 +31,15 @@ def test_fixed_ports_count_up_from_the_configured_base(tmp_path):
     ports = {s.name: [_flag(s.argv, f) for f in ("--grpc-port", "--http-port", "--port") if f in s.argv] for s in specs}
     assert ports == {"rollout-0": ["50051", "8000"], "rollout-1": ["50052", "8001"],
                      "reward-0": ["50061"], "reward-1": ["50062"], "trainer": ["50071"]}
+
+
+def test_reward_model_replicas_run_apart_with_their_own_kind_ports_and_ready_files(tmp_path):
+    cfg = load_config(str(DEFAULT_CONFIG), ["reward.grpc_port=50061", "reward.replicas=2", "reward_config.load=/rm",
+                                            "reward_config.model_replicas=2", "rl_config.verifier_function=[acc, reward_model]",
+                                            "rl_config.verifier_weight=[0.5, 0.5]"])
+    specs = plan_processes(cfg, tmp_path / "config.yaml", "redis://127.0.0.1:6379/0", tmp_path / "ready")
+    assert [s.name for s in specs] == ["rollout-0", "reward-0", "reward-1", "reward-model-0", "reward-model-1", "trainer"]
+    kinds = {s.name: _flag(s.argv, "--kind") for s in specs if "--kind" in s.argv}
+    assert kinds == {"reward-model-0": "model", "reward-model-1": "model"}  # the rule replicas take the default, rule
+    assert [_flag(s.argv, "--port") for s in specs[1:5]] == ["50061", "50062", "50063", "50064"]
+    assert len({s.ready_file for s in specs[1:5]}) == 4 and all("--dock" in s.argv for s in specs[1:5])

@@ -90,3 +90,42 @@ def test_a_replica_refuses_a_model_it_cannot_serve_before_starting_an_engine(tmp
     for overrides, message in cases:
         with pytest.raises(FailedPrecondition, match=message):
             RewardModelScorer.start(load_config(None, overrides))
+
+
+MIX = ["reward_config.load=/m", "rl_config.verifier_function=[math_17k_acc, reward_model]", "rl_config.verifier_weight=[0.5, 0.5]"]
+
+
+def test_reward_model_replicas_must_have_a_model_part_and_a_rule_part_to_split():
+    assert load_config(None, [*MIX, "reward_config.model_replicas=2"]).reward_config.model_replicas == 2
+    with pytest.raises(ConfigError, match=r"reward_config.model_replicas: must be >= 0, got -1"):
+        load_config(None, [*MIX, "reward_config.model_replicas=-1"])
+    with pytest.raises(ConfigError, match=r"reward_config.model_replicas: 1 reward-model replicas would have nothing to score: "
+                                          r"rl_config.verifier_function does not list reward_model"):
+        load_config(None, ["reward_config.load=/m", "reward_config.model_replicas=1"])
+    with pytest.raises(ConfigError, match=r"reward_config.model_replicas: rl_config.verifier_function lists only reward_model"):
+        load_config(None, ["reward_config.load=/m", "rl_config.verifier_function=[reward_model]", "rl_config.verifier_weight=[1]",
+                           "reward_config.model_replicas=1"])
+
+
+def test_a_model_score_from_another_replica_is_the_model_part_without_a_model_here():
+    plan = ScoringPlan.from_rl_config(load_config(None, MIX).rl_config)
+    right, wrong = score_samples([ScoreInput(r"\boxed{3}", "3", prompt="1+2=", model_score=0.25),
+                                  ScoreInput(r"\boxed{4}", "3", prompt="1+2=", model_score=-1.0)], plan, InProcessRunner())
+    assert [(p.name, p.score) for p in right.parts] == [("math_17k_acc", 1.0), (MODEL_VERIFIER, 0.25)]
+    assert right.total == pytest.approx(0.5 * 1.0 + 0.5 * 0.25) and wrong.total == pytest.approx(0.5 * -1.0)
+    with pytest.raises(InvalidArgument, match=r"reward_model is not served here"):  # one sample without it: the model is needed
+        score_samples([ScoreInput("a", "3", model_score=0.25), ScoreInput("b", "3")], plan, InProcessRunner())
+
+
+def test_a_model_kind_replica_is_refused_unless_the_model_runs_apart(capsys):
+    from services.common.errors import FailedPrecondition
+    from services.reward.worker import RewardWorker
+
+    plan = ScoringPlan.from_rl_config(load_config(None, MIX).rl_config)
+    with pytest.raises(FailedPrecondition, match=r"a reward-model replica needs .*reward_config.model_replicas > 0"):
+        RewardWorker(None, plan, InProcessRunner(), None, model=None, kind="model", split=False)
+    with pytest.raises(InvalidArgument, match=r"kind: 'both' is not one of rule, model"):
+        RewardWorker(None, plan, InProcessRunner(), None, kind="both")
+    # The command line refuses it before starting a pool or an engine.
+    assert main(["reward", "serve", "--kind", "model", "--port", "0", *[a for o in MIX for a in ("--set", o)]]) == 2
+    assert "--kind model: reward_config.model_replicas is 0" in capsys.readouterr().err
