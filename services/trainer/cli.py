@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -10,7 +11,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="trainer_command", required=True)
     train = sub.add_parser("train", help="run the RL iterations against the dock (the run's driver)",
                            description="Runs megatron_training.train_iters iterations: prompts into the dock, scored groups "
-                                       "out, update, weight push to every live rollout replica. Launch with torchrun for TP/PP > 1.")
+                                       "out, update, weight push to every live rollout replica. With rl_config.actor_resource.num_npus > 1 "
+                                       "it starts that many local processes under torchrun itself (TP x PP x DP); started by "
+                                       "torchrun (RANK set, e.g. across nodes) it is one of them.")
     train.add_argument("--config", default=None, help="run config YAML (default: the embedded configs/tiny_cpu.yaml)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override one config key (repeatable)")
@@ -28,13 +31,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     convert.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the Megatron shards written (--to megatron)")
 
 
+def _relaunch_under_torchrun(args: argparse.Namespace, ranks: int) -> int:
+    """Runs this same `train` command as `ranks` local processes under torchrun and waits for them (never returns otherwise)."""
+    argv = ["train", *(["--config", args.config] if args.config else [])]
+    argv += [item for override in args.overrides for item in ("--set", override)]
+    argv += [*(["--host", args.host] if args.host else []), *(["--port", str(args.port)] if args.port is not None else [])]
+    argv += ["--resume"] if args.resume else []
+    # --standalone: a rendezvous on a free local port; torchrun gives each rank OMP_NUM_THREADS=1 unless it is set.
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+               "-m", "services.trainer", *argv]
+    os.execv(sys.executable, command)
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen sub-command; returns the exit status (2 for bad input)."""
     if args.trainer_command == "train":
         from services.common.config import load_config
         from services.trainer.loop.driver import train
 
-        return train(load_config(args.config, args.overrides), resume=args.resume, host=args.host, port=args.port)
+        cfg = load_config(args.config, args.overrides)
+        ranks = cfg.rl_config.actor_resource.num_npus
+        if ranks > 1 and "RANK" not in os.environ:  # not started by torchrun (or another launcher): start the ranks here
+            return _relaunch_under_torchrun(args, ranks)
+        return train(cfg, resume=args.resume, host=args.host, port=args.port)
     from services.trainer.modeling.checkpoint_convert import convert_hf_to_megatron, convert_megatron_to_hf, describe
 
     if args.trainer_command == "convert":

@@ -18,6 +18,7 @@ from services.common.log import log_event
 from services.trainer.algorithm.advantages import group_norm_advantages, ppo_targets
 from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
+from services.trainer.modeling.data_parallel import data_parallel_rank_size
 from services.trainer.loop.control import TrainerControl
 from services.trainer.algorithm.critic import Critic
 from services.trainer.loop.iteration_data import ScoredBatch
@@ -96,6 +97,11 @@ class TrainerSession:
         """
         mt, rl = cfg.megatron_training, cfg.rl_config
         init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
+        _, world = _world()
+        if world != rl.actor_resource.num_npus:
+            raise ValueError(f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus}, but the trainer runs as {world} "
+                             "process(es); `dockrl trainer train` starts num_npus local ranks itself, or launch it with "
+                             f"torchrun --nproc-per-node {rl.actor_resource.num_npus}")
         dtype = torch.bfloat16 if mt.bf16 else torch.float32
         layout = ModelLayout.from_hf_dir(mt.load)
         hf_state = load_hf_state(mt.load)
@@ -122,8 +128,12 @@ class TrainerSession:
             if session.critic is not None:
                 session.critic.load(mt.save, state.step)
         if session.is_leader:
+            from megatron.core import parallel_state as ps
+
+            log_event(logging.getLogger("dockrl.trainer"), "ranks", world=world, tensor_parallel=mt.tensor_model_parallel_size,
+                      pipeline_parallel=mt.pipeline_model_parallel_size, data_parallel=ps.get_data_parallel_world_size(),
+                      distributed_optimizer=mt.use_distributed_optimizer)
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
-            _, world = _world()
             control.checkpoint_handler = session._checkpoint_handler if world == 1 else None
             bind_host = host or cfg.trainer.host
             session.server, bound = start_server(control, bind_host, cfg.trainer.grpc_port if port is None else port, token)
@@ -181,7 +191,10 @@ class TrainerSession:
         return metrics
 
     def gather_weights(self) -> dict[str, torch.Tensor]:
-        """The policy in HF names (a collective over TP ranks)."""
+        """The policy in HF names (a collective over the TP and PP ranks of data-parallel rank 0, which holds
+        rank 0, the one that pushes); empty on the other data-parallel ranks, whose copy is the same."""
+        if data_parallel_rank_size()[0] != 0:
+            return {}
         return gather_hf_weights(self.model, self.layout)
 
     def _train_state(self) -> TrainState:
