@@ -64,6 +64,8 @@ def test_two_ranks_give_one_rank_loss_gradients_logprobs_and_weights(untied_dir,
     for r in ranks:
         assert r["loss"] == pytest.approx(loss.item(), abs=1e-5)
         assert torch.allclose(r["packed_logp"], logp.detach(), atol=1e-5)
+        if r["logits_width"] is not None:  # log-probs from vocabulary-parallel logits: no rank held them all
+            assert r["logits_width"] == layout.vocab_size // tp
         for name in ("loss", "entropy", "grad_norm", "pg_clipfrac"):  # grad_norm spans TP shards / PP stages
             assert r["update"][name] == pytest.approx(update[name], abs=1e-5), name
     grads = megatron_to_hf({tuple(r["key"]): r["grads"] for r in ranks}, layout)

@@ -3,7 +3,8 @@
 Usage: torchrun --nproc-per-node N trainer_parallel_worker.py HF_DIR OUT_DIR TP PP
 Each rank writes OUT_DIR/rank{r}.pt with its (pp_rank, tp_rank), the loss, its gradients by
 megatron name, the model's weights gathered in HF names (what a weight push sends), the
-packed (remove-padding) log-probs of the batch, and the metrics of one update step on it.
+packed (remove-padding) log-probs of the batch, the width of the last stage's logits, and the
+metrics of one update step on it.
 """
 import pathlib
 import sys
@@ -16,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from trainer_helpers import random_batch  # noqa: E402
 
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
-from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, run_micro_batches  # noqa: E402
+from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, model_inputs, run_micro_batches  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.algorithm.update import update_policy  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
@@ -60,10 +61,13 @@ def main() -> None:
     grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
     weights = gather_hf_weights(model, layout)
     packed_logp, _ = compute_logprobs(model, batch, ForwardConfig(micro_batch_size=2, use_remove_padding=True))
+    # What the last stage's output holds: this TP rank's vocabulary slice, never the whole vocabulary.
+    logits_width = model_inputs(parts[0], packed=False).run(model).size(-1) if pp == 1 else None
     model.zero_grad()
     update = parity_update(model, batch)
     key = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
-    torch.save({"key": key, "loss": loss, "grads": grads, "hf_weights": weights, "packed_logp": packed_logp, "update": update},
+    torch.save({"key": key, "loss": loss, "grads": grads, "hf_weights": weights, "packed_logp": packed_logp, "update": update,
+                "logits_width": logits_width},
                out_dir / f"rank{torch.distributed.get_rank()}.pt")
     destroy_parallel()
 

@@ -103,11 +103,35 @@ def micro_batches(batch: ResponseBatch, cfg: ForwardConfig) -> list[torch.Tensor
 
 
 def _response_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [N, V] predicting labels [N] -> (log p(label) [N], entropy [N]), in fp32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    token_logp = logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return token_logp, entropy
+    """This tensor-parallel rank's vocabulary slice of the logits [N, V / TP] predicting labels [N] ->
+    (log p(label) [N], entropy [N]), in fp32.
+
+    The full vocabulary is never on one rank: the max and three sums per position (sum of exp,
+    sum of exp * logit, the label's logit where this rank holds it) are all-reduced over TP, the
+    sums through megatron's autograd-aware reduction, so gradients reach each rank's slice. With
+    s = logit - max: log p(label) = s_label - log sum exp(s), entropy = log sum exp(s) - sum(exp(s) s) / sum exp(s).
+    """
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    logits = logits.float()
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    group = parallel_state.get_tensor_model_parallel_group()
+    peak = logits.max(-1).values.detach()  # a constant shift: no gradient goes through it
+    if tp > 1:
+        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=group)
+    shifted = logits - peak.unsqueeze(-1)
+    exp = shifted.exp()
+    width = logits.size(-1)
+    local = labels - parallel_state.get_tensor_model_parallel_rank() * width
+    held = (local >= 0) & (local < width)
+    label_logit = shifted.gather(-1, local.clamp(0, width - 1).unsqueeze(-1)).squeeze(-1) * held
+    sums = torch.stack([exp.sum(-1), (exp * shifted).sum(-1), label_logit])
+    if tp > 1:
+        sums = reduce_from_tensor_model_parallel_region(sums, group=group)
+    sum_exp, sum_exp_shifted, label_shifted = sums
+    log_z = sum_exp.log()
+    return label_shifted - log_z, log_z - sum_exp_shifted / sum_exp
 
 
 def positions_predicting_responses(batch: ResponseBatch, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -196,7 +196,7 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
 
 
 def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
-    """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out gathered over TP."""
+    """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -219,7 +219,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
         max_sequence_length=layout.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
         post_process=parallel_state.is_pipeline_last_stage(),
-        parallel_output=False,  # full-vocabulary logits on every TP rank: log-probs need the whole softmax
+        parallel_output=True,  # each TP rank keeps its vocabulary slice; log-probs reduce over TP (logprobs.py)
         share_embeddings_and_output_weights=layout.tie_word_embeddings,
         position_embedding_type="rope",
         rotary_base=int(layout.rope_theta),
