@@ -126,10 +126,10 @@ class PlainStep:
 
 
 def hf_gradients(session) -> dict[str, torch.Tensor]:
-    """dockrl's last step's (clipped) gradients in HF names."""
+    """dockrl's last step's (clipped) gradients in HF names (megatron's DDP keeps them in `main_grad`)."""
     from services.trainer.modeling.checkpoint_convert import megatron_to_hf
 
-    grads = {name: p.grad for name, p in session.model.named_parameters()}
+    grads = {name: p.main_grad for name, p in session.model.named_parameters()}
     return megatron_to_hf({(0, 0): grads}, session.layout)
 
 

@@ -1,4 +1,5 @@
-"""The megatron GPTModel against transformers' Qwen2ForCausalLM, and TP=2 / PP=2 against one rank."""
+"""The megatron GPTModel against transformers' Qwen2ForCausalLM, and TP=2 / PP=2 (megatron's 1F1B schedule) / TP=2 x PP=2
+against one rank."""
 import os
 import socket
 import pathlib
@@ -43,8 +44,8 @@ def test_logits_match_transformers(tied, untied_dir, tmp_path):
     assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_two_ranks_give_one_rank_loss_gradients_logprobs_and_weights(untied_dir, tmp_path, tp, pp):
+@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2), (2, 2)], ids=["tp2", "pp2-1f1b", "tp2xpp2"])
+def test_model_parallel_ranks_give_one_rank_loss_gradients_logprobs_and_weights(untied_dir, tmp_path, tp, pp):
     model, layout = megatron_tp1(untied_dir)
     batch = random_batch(**PARITY_BATCH)
     logp, _ = forward_micro_batch(model, batch, packed=False)
@@ -56,11 +57,11 @@ def test_two_ranks_give_one_rank_loss_gradients_logprobs_and_weights(untied_dir,
     update = parity_update(model, batch)
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * pp), "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), str(WORKER), str(untied_dir), str(tmp_path), str(tp), str(pp)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(tp * pp)]
     for r in ranks:
         assert r["loss"] == pytest.approx(loss.item(), abs=1e-5)
         assert torch.allclose(r["packed_logp"], logp.detach(), atol=1e-5)

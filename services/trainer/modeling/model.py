@@ -184,6 +184,9 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         pipeline_model_parallel_size=pp,
         params_dtype=dtype,
         pipeline_dtype=dtype,
+        variable_seq_lengths=pp > 1,  # micro-batches differ in length: the 1F1B schedule sends each tensor's shape first
+        # megatron-core refuses variable lengths beside its default MoE dispatcher, even in a dense model.
+        moe_token_dispatcher_type="alltoall",
         bf16=dtype == torch.bfloat16,
         use_cpu_initialization=True,
         bias_activation_fusion=False,

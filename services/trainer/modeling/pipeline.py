@@ -1,11 +1,13 @@
-"""Pipeline-parallel forward and backward over micro-batches, by point-to-point sends between stages.
+"""Pipeline-parallel forward and backward over micro-batches on megatron-core's own schedule (1F1B).
 
-megatron-core's own schedules allocate their token counters with `device="cuda"`, so on CPU the
-stages exchange activations here instead: every micro-batch's forward in order (each stage
-receives its input from the previous one and sends its output on), then every backward in the
-same order (gradients flow back the same way). This is GPipe's schedule: simple, and with the
-activations of all micro-batches held until the backward. The last stage computes log-probs
-and losses; the log-probs are then broadcast to every stage.
+`get_forward_backward_func()` gives megatron's non-interleaved 1F1B schedule for PP > 1: after a
+warm-up of (stages - stage - 1) forwards each stage alternates one forward and one backward, so
+a stage holds at most `stages` micro-batches' activations instead of all of them. Activations
+and their gradients travel between stages by megatron's P2P communicator; micro-batches differ
+in length here (padded to each one's longest sample, or packed), so the config's
+`variable_seq_lengths` makes it send each tensor's shape first. The last stage computes
+log-probs and losses; the log-probs are then broadcast to every stage. On the CPU the schedule's
+CUDA-only calls run under `megatron_on_cpu`.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from services.trainer.modeling.cpu_shims import megatron_on_cpu
 from services.trainer.modeling.model import compute_device
 
 
@@ -24,40 +27,33 @@ def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, l
     entropy)` the loss to backpropagate (None: forward only). Returns each part's (log-probs,
     entropy), detached, on every stage.
     """
-    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
-    prev_rank, next_rank = ps.get_pipeline_model_parallel_prev_rank(), ps.get_pipeline_model_parallel_next_rank()
-    hidden, dtype, device = model.config.hidden_size, model.config.params_dtype, compute_device()
-    held: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []  # (received input, output or loss)
-    results: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for i, (part, inp) in enumerate(zip(parts, inputs)):
-        received = None
-        if not first:
-            received = torch.empty(*inp.hidden_shape, hidden, dtype=dtype, device=device)
-            dist.recv(received, src=prev_rank)
-            received.requires_grad_(loss_fn is not None and torch.is_grad_enabled())
-        model.set_input_tensor(received)
-        out = inp.run(model)
-        if last:
-            logp, entropy = stats(out, part, inp)
+    results: list[tuple[torch.Tensor, torch.Tensor]] = []  # the last stage's, in micro-batch order
+    count = len(parts)
+
+    def forward_step(data_iterator, stage_model):
+        i = next(data_iterator)
+        output = inputs[i].run(stage_model)
+
+        def loss_func(logits: torch.Tensor):
+            logp, entropy = stats(logits, parts[i], inputs[i])
             results.append((logp.detach(), entropy.detach()))
-            held.append((received, loss_fn(i, logp, entropy) if loss_fn is not None else None))
-        else:
-            dist.send(out.detach().contiguous(), dst=next_rank)
-            held.append((received, out))
-    model.set_input_tensor(None)
-    if loss_fn is not None:
-        for received, out in held:
-            if last:
-                out.backward()
-            else:
-                grad = torch.empty_like(out)
-                dist.recv(grad, src=next_rank)
-                out.backward(grad)
-            if not first:
-                dist.send(received.grad.contiguous(), dst=prev_rank)
-    return _broadcast_from_last_stage(parts, results, device)
+            if loss_fn is None:
+                return logits.new_zeros(()), {}
+            # The schedule divides each micro-batch's loss by their count; ours are already shares
+            # of the mini-batch's loss, so undo that.
+            return loss_fn(i, logp, entropy) * count, {}
+
+        return output, loss_func
+
+    widest = max(inp.hidden_shape[0] for inp in inputs)
+    with megatron_on_cpu():
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(range(count)), model=[model], num_microbatches=count,
+            seq_length=widest, micro_batch_size=max(inp.hidden_shape[1] for inp in inputs), forward_only=loss_fn is None,
+        )
+    return _broadcast_from_last_stage(parts, results, compute_device())
 
 
 def _broadcast_from_last_stage(parts: list, results: list, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
