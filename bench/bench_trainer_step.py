@@ -41,7 +41,7 @@ PARTS = (
     ("services.trainer.loop.session", None, "compute_logprobs", "no-grad log-prob pass"),
     ("services.trainer.algorithm.update", None, "compute_logprobs", "no-grad log-prob pass"),
     ("services.trainer.modeling.logprobs", "ModelInputs", "run", "model forward"),
-    ("services.trainer.modeling.cpu_shims", "SDPACoreAttention", "forward", "  CPU attention shim (forward)"),
+    ("services.trainer.modeling.attention", "SDPACoreAttention", "forward", "  SDPA core attention (forward)"),
     ("services.trainer.modeling.logprobs", None, "model_inputs", "padding to model inputs"),
     ("services.trainer.modeling.logprobs", None, "response_stats", "log-probs + entropy from logits"),
     ("services.trainer.algorithm.update", None, "policy_loss", "loss"),

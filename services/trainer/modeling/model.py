@@ -86,8 +86,13 @@ def _free_port() -> int:
 
 
 def compute_device() -> torch.device:
-    """Where this rank computes: its CUDA device, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    """Where this rank computes: its CUDA device, its NPU (torch_npu), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    npu = getattr(torch, "npu", None)
+    if npu is not None and npu.is_available():
+        return torch.device("npu", npu.current_device())
+    return torch.device("cpu")
 
 
 def cpu_threads() -> int:
@@ -204,7 +209,8 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    from services.trainer.modeling.cpu_shims import SDPACoreAttention, accelerator_present
+    from services.trainer.modeling.attention import SDPACoreAttention
+    from services.trainer.modeling.cpu_shims import accelerator_present
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
@@ -213,8 +219,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
         # megatron-core syncs the two copies of a tied embedding with a .cuda() call at construction.
         raise ValueError("megatron_training.pipeline_model_parallel_size: tied embeddings with PP > 1 need an accelerator")
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    if not accelerator_present():
-        spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
     model = GPTModel(
         transformer_config(layout, tp, pp, dtype),
         transformer_layer_spec=spec,
@@ -227,6 +232,4 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
         position_embedding_type="rope",
         rotary_base=int(layout.rope_theta),
     )
-    if torch.cuda.is_available():
-        model = model.cuda()
-    return model
+    return model.to(compute_device())
