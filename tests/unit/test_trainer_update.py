@@ -167,3 +167,19 @@ def test_update_config_reads_the_run_config():
     assert update.mini_batch_size == cfg.samples_per_iteration  # derived at load: GBS * n
     assert (update.loss.clip_ratio_low, update.loss.clip_ratio_high) == (0.2, 0.28)
     assert update.forward.use_remove_padding and update.forward.micro_batch_size == 16
+
+
+def test_bf16_training_keeps_fp32_main_weights_and_matches_fp32(hf_dir):
+    from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
+    from services.trainer.modeling.model import ModelLayout, build_model
+
+    fp32, _ = _one_update(hf_dir, grpo_batch(), UpdateConfig(8))
+    layout = ModelLayout.from_hf_dir(hf_dir)
+    model = build_model(layout, torch.bfloat16)
+    load_hf_into_model(model, load_hf_state(hf_dir), layout)
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, clip_grad=0.0, bf16=True), total_steps=4)
+    bf16 = update_policy(model, optimizer, grpo_batch(), UpdateConfig(8)).metrics
+    inner = optimizer.optimizer.chained_optimizers[0].optimizer
+    assert {p.dtype for group in inner.param_groups for p in group["params"]} == {torch.float32}  # Adam steps fp32 copies
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert bf16.grad_norm == pytest.approx(fp32.grad_norm, rel=0.05) and bf16.pg_loss == pytest.approx(fp32.pg_loss, abs=0.02)
