@@ -1,7 +1,8 @@
 """One rank of the data-parallel tests, started by torchrun: a GRPO update and a PPO critic update on a fixed batch, a
 checkpoint, and the update after it, with megatron-core's DDP and (distributed) optimizer over however many ranks run.
 
-Usage: torchrun --nproc-per-node N data_parallel_worker.py HF_DIR OUT_DIR DISTRIBUTED(0|1) [RESUME_FROM]
+Usage: torchrun --nproc-per-node N data_parallel_worker.py HF_DIR OUT_DIR DISTRIBUTED(0|1) PP [RESUME_FROM]
+(the data-parallel size is N / PP)
 Each rank writes OUT_DIR/rank{r}.pt: the metrics of each update, the weights after them (HF names), the log-probs the
 update handed back, the values of the critic, how many samples this rank's forward passes saw, and the numel of the
 Adam state it holds. With RESUME_FROM it loads that checkpoint first and runs only the update after it.
@@ -42,9 +43,9 @@ def batch():
 
 def main() -> None:
     torch.set_num_threads(1)
-    hf_dir, out_dir, distributed = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3] == "1"
-    resume_from = sys.argv[4] if len(sys.argv) > 4 else None
-    init_parallel(1, 1)
+    hf_dir, out_dir, distributed, pp = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+    resume_from = sys.argv[5] if len(sys.argv) > 5 else None
+    init_parallel(1, pp)
     mt = MegatronTrainingConfig(lr=1e-3, clip_grad=1.0, use_distributed_optimizer=distributed)
     layout = ModelLayout.from_hf_dir(hf_dir)
     hf_state = load_hf_state(hf_dir)

@@ -1,4 +1,5 @@
-"""Data parallel on megatron-core's DDP and distributed optimizer: two ranks split the work and train as one does.
+"""Data parallel on megatron-core's DDP and distributed optimizer: two ranks split the work and train as one does
+(also with two pipeline stages each).
 
 Each case runs tests/unit/data_parallel_worker.py under torchrun (gloo) on one and on two processes with the same
 batch and compares what a user would: the update's losses and grad norms, the weights after it, the log-probs
@@ -26,14 +27,15 @@ def hf_dir(tmp_path_factory):
     return tiny_hf_model(tmp_path_factory.mktemp("hf"))
 
 
-def run_ranks(hf_dir, out: pathlib.Path, ranks: int, distributed: bool, resume_from: pathlib.Path | None = None) -> list[dict]:
+def run_ranks(hf_dir, out: pathlib.Path, ranks: int, distributed: bool, resume_from: pathlib.Path | None = None,
+              pp: int = 1) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(hf_dir), str(out), "1" if distributed else "0"]
+           "--master-port", str(port), str(WORKER), str(hf_dir), str(out), "1" if distributed else "0", str(pp)]
     done = subprocess.run(cmd + ([str(resume_from)] if resume_from else []), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
@@ -67,6 +69,15 @@ def test_two_data_parallel_ranks_split_the_batch_and_train_as_one(hf_dir, tmp_pa
         assert sum(state) >= single["adam_state_numel"] and max(state) <= 0.51 * single["adam_state_numel"]
     else:
         assert state == [single["adam_state_numel"]] * 2
+
+
+def test_data_parallel_2_by_pipeline_parallel_2_trains_as_one_rank(hf_dir, tmp_path):
+    (single,) = run_ranks(hf_dir, tmp_path / "dp1", 1, True)
+    for rank in run_ranks(hf_dir, tmp_path / "dp2xpp2", 4, True, pp=2):  # 1F1B within each replica, DDP across them
+        assert_same_training(single, rank)
+        assert rank["critic"]["vf_loss"] == pytest.approx(single["critic"]["vf_loss"], abs=1e-5)
+        assert torch.allclose(rank["values_after"], single["values_after"], atol=1e-5)
+        assert rank["samples_forwarded"] == single["samples_forwarded"] // 2  # each stage of a replica sees its half
 
 
 def test_a_distributed_optimizer_checkpoint_resumes_on_the_same_and_another_number_of_ranks(hf_dir, tmp_path):
