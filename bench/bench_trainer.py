@@ -52,7 +52,7 @@ def _worker(hf_dir: str, out: str, distributed: bool, updates: int) -> None:
     from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch
     from services.trainer.modeling.model import ModelLayout, build_model as build_megatron, destroy_parallel, init_parallel
     from services.trainer.modeling.optimizer import build_optimizer
-    from services.trainer.weights.weight_bucket import gather_hf_weights
+    from services.trainer.weights.gather import gather_hf_weights
 
     torch.set_num_threads(1)
     init_parallel(1, 1)

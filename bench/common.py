@@ -23,6 +23,9 @@ from dataclasses import dataclass
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # `python bench/x.py` as well as `python -m bench.x`
     sys.path.insert(0, str(REPO))
+# The local replica launcher lives with the tests' harness (code only tests and benchmarks use stays out of services/).
+if str(REPO / "tests" / "service") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests" / "service"))
 
 DEVICES = ("cpu", "cuda")
 # vLLM on CPU: 1 GiB of KV cache is plenty for these models; `nobind` lets several engines and the
@@ -168,7 +171,7 @@ def start_replicas(model: pathlib.Path, work: pathlib.Path, overrides: dict[str,
                    extra_args: Sequence[str] = ()) -> list:
     """Starts one `python -m services.rollout serve` per name (with that name's config overrides), all at
     once, and waits until every one serves."""
-    from services.rollout.launcher import spawn_replica
+    from replica_launcher import spawn_replica
 
     progress(f"starting {len(overrides)} rollout replica(s): {', '.join(overrides)}")
     pending = [spawn_replica(model, work, name, sets, "bench", env, extra_args) for name, sets in overrides.items()]

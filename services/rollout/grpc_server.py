@@ -95,13 +95,9 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
     async def UpdateWeights(self, request_iterator, context):
         try:
             self.engine.ensure_accepting()
-            result = await self.receiver.receive(request_iterator)
+            return await self.receiver.receive(request_iterator)
         except DockrlError as exc:
             await grpc_abort_async(context, exc)
-        return rollout_pb2.UpdateWeightsResponse(
-            version=result.version, bytes_received=result.bytes_received, seconds=result.seconds,
-            replicas_updated=result.replicas_updated, apply_seconds=result.apply_seconds,
-        )
 
     async def GetInfo(self, request, context):
         return rollout_pb2.InfoResponse(

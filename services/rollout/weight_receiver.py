@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import pathlib
 import time
 from collections.abc import AsyncIterator
@@ -21,25 +20,11 @@ from dataclasses import dataclass, field
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.common.log import log_event
 from services.common.pb import rollout_pb2
+from services.common.weight_wire import TensorSpec
 from services.rollout.chain import ChainForwarder
 from services.rollout.engine import RolloutEngine
 
 log = logging.getLogger("dockrl.rollout.weights")
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """What the served model expects of one tensor."""
-
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
-
 
 def served_weight_spec(model_dir: str | pathlib.Path, dtype: str) -> dict[str, TensorSpec]:
     """HF tensor names and shapes from the checkpoint's safetensors headers, at the serving dtype."""
@@ -55,17 +40,6 @@ def served_weight_spec(model_dir: str | pathlib.Path, dtype: str) -> dict[str, T
             if name != "__metadata__":
                 spec[name] = TensorSpec(dtype=dtype, shape=tuple(entry["shape"]))
     return spec
-
-
-@dataclass(frozen=True)
-class PushResult:
-    """What one UpdateWeights call achieved."""
-
-    version: int
-    bytes_received: int
-    seconds: float
-    replicas_updated: int
-    apply_seconds: float  # of `seconds`: generation paused while the staged weights loaded
 
 
 @dataclass
@@ -97,8 +71,8 @@ class WeightReceiver:
         self.token = token
         self._lock = asyncio.Lock()
 
-    async def receive(self, chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> PushResult:
-        """Consumes one push; returns once it serves the new version (here and down the chain)."""
+    async def receive(self, chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> rollout_pb2.UpdateWeightsResponse:
+        """Consumes one push; answers once it serves the new version (here and down the chain)."""
         if self._lock.locked():
             raise FailedPrecondition("UpdateWeights: another push is in progress on this replica; retry after it ends")
         async with self._lock:
@@ -130,7 +104,8 @@ class WeightReceiver:
                 receive_and_stage_s=f"{received - start:.3f}", apply_s=f"{apply_seconds:.3f}",
                 mb_per_s=f"{push.bytes_received / max(seconds, 1e-9) / 1e6:.1f}", forwarded_to=downstream,
             )
-            return PushResult(push.version, push.bytes_received, seconds, 1 + downstream, apply_seconds)
+            return rollout_pb2.UpdateWeightsResponse(version=push.version, bytes_received=push.bytes_received, seconds=seconds,
+                                                     replicas_updated=1 + downstream, apply_seconds=apply_seconds)
 
     def _begin(self, chunk: rollout_pb2.WeightChunk) -> _Push:
         if chunk.num_buckets < 1:

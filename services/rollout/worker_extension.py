@@ -18,14 +18,16 @@ class WeightStagingExtension:
 
         import torch
 
+        from services.common.weight_wire import torch_dtype
+
         staged = self.__dict__.setdefault("_dockrl_staged", [])
         with warnings.catch_warnings():
             # the tensors only ever get read (reload copies them into the parameters), so they may
             # alias the read-only message bytes instead of a copy
             warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            for name, dtype, shape, offset, nbytes in tensors:
-                torch_dtype = getattr(torch, dtype)
-                flat = torch.frombuffer(data, dtype=torch_dtype, count=nbytes // torch_dtype.itemsize, offset=offset)
+            for name, dtype_name, shape, offset, nbytes in tensors:
+                dtype = torch_dtype(dtype_name)
+                flat = torch.frombuffer(data, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
                 staged.append((name, flat.reshape(shape)))
         return len(staged)
 

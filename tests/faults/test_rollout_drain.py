@@ -21,7 +21,7 @@ from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
 from services.rollout.dock_worker import PARTIAL_COLUMNS
-from services.rollout.launcher import spawn_replica
+from replica_launcher import spawn_replica
 
 pytestmark = pytest.mark.service
 

@@ -18,10 +18,10 @@ from rollout_harness import DOCK_PREFIX, OVERRIDES, REDIS_URL, TOKEN
 from services.common.auth import bearer_metadata
 from services.common.config import load_config
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
-from services.rollout.launcher import spawn_replica
+from replica_launcher import spawn_replica
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
-from services.rollout.weight_chunks import weight_chunks
+from push_chunks import weight_chunks
 from services.trainer.weights.weight_push import push_weights
 from tests.faults.loop_harness import descendants
 

@@ -19,7 +19,7 @@ import uuid
 import grpc
 
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
-from services.rollout.launcher import LocalReplica, spawn_replica
+from replica_launcher import LocalReplica, spawn_replica
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TOKEN = "rollout-test-token"

@@ -17,7 +17,7 @@ from services.common.pb import rollout_pb2
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
-from services.rollout.launcher import spawn_replica
+from replica_launcher import spawn_replica
 
 pytestmark = pytest.mark.service
 

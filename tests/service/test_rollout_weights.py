@@ -8,7 +8,7 @@ import pytest
 from rollout_harness import TOKEN, greedy_request, hf_greedy, hf_logprobs, load_hf_model, shared_servers, rollout_stub
 from services.common.auth import bearer_metadata
 from services.common.pb import rollout_pb2
-from services.rollout.weight_chunks import weight_chunks
+from push_chunks import weight_chunks
 
 pytestmark = pytest.mark.service
 

@@ -19,7 +19,7 @@ from trainer_helpers import megatron_tp1, tiny_hf_model  # noqa: E402
 
 from services.common.pb import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs  # noqa: E402
-from services.trainer.weights.weight_bucket import gather_hf_weights  # noqa: E402
+from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
 from services.trainer.weights.weight_push import push_weights  # noqa: E402
 
 pytestmark = pytest.mark.service

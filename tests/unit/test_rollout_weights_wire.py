@@ -2,8 +2,9 @@
 import torch
 
 from services.common.tiny_model import build_tiny_model
-from services.rollout.weight_chunks import weight_chunks
-from services.rollout.weight_receiver import TensorSpec, served_weight_spec
+from push_chunks import weight_chunks
+from services.common.weight_wire import TensorSpec
+from services.rollout.weight_receiver import served_weight_spec
 
 
 def reassemble(chunks):

@@ -7,8 +7,9 @@ import torch
 from trainer_helpers import megatron_tp1, tiny_hf_model
 
 from services.trainer.modeling.checkpoint_convert import load_hf_state
-from services.trainer.weights.weight_bucket import MIB, TensorSlot, WeightBucket, gather_hf_weights, pack_bucket, plan_buckets, unpack_bucket
-from services.trainer.weights.weight_push import chunk_messages, push_weights
+from services.common.weight_wire import MIB, TensorSlot, WeightBucket, chunk_messages, pack_bucket, plan_buckets, unpack_bucket
+from services.trainer.weights.gather import gather_hf_weights
+from services.trainer.weights.weight_push import push_weights
 
 
 def mixed_tensors() -> dict[str, torch.Tensor]:

@@ -21,7 +21,7 @@ from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, 
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.algorithm.update import update_policy  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
-from services.trainer.weights.weight_bucket import gather_hf_weights  # noqa: E402
+from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
 
 PARITY_BATCH = dict(seed=3, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6])
 

@@ -28,7 +28,7 @@ from services.trainer.modeling.model import ModelLayout, build_model, destroy_pa
 from services.trainer.loop.server import start_server
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
-from services.trainer.weights.weight_bucket import gather_hf_weights
+from services.trainer.weights.gather import gather_hf_weights
 
 
 def _world() -> tuple[int, int]:

@@ -13,11 +13,11 @@ import torch
 from services.common.config import Config
 from services.common.errors import Unavailable
 from services.common.log import log_event
+from services.common.weight_wire import torch_dtype
 from services.dock.registry import ReplicaRegistry
 from services.trainer.weights.weight_push import PushResult, push_weights
 
 logger = logging.getLogger("dockrl.trainer")
-ROLLOUT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ReplicaSync:
@@ -27,7 +27,7 @@ class ReplicaSync:
         self._cfg = cfg
         self._registry = registry
         self._token = token
-        self._dtype = ROLLOUT_DTYPES[cfg.generate_config.dtype]
+        self._dtype = torch_dtype(cfg.generate_config.dtype)  # the replicas' serving dtype: buckets travel in it
         # replica id -> version last pushed to it: the registry learns a new version only at the
         # replica's next heartbeat, and one push of a version is enough.
         self._pushed: dict[str, int] = {}

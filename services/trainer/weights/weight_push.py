@@ -16,14 +16,11 @@ from __future__ import annotations
 import queue
 import time
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import torch
 
-from services.trainer.weights.weight_bucket import WeightBucket, pack_bucket, plan_buckets
-
-DEFAULT_MAX_MESSAGE_BYTES = 4 * (1 << 20)  # gRPC's default receive limit
-HEADER_SLACK_BYTES = 1024  # framing of the non-data fields of a chunk
+from services.common.weight_wire import DEFAULT_MAX_MESSAGE_BYTES, chunk_messages, pack_bucket, plan_buckets
 QUEUE_BUCKETS = 2  # buckets packed ahead of the slowest stream
 PUSH_MODES = ("fanout", "chain")
 _END = object()
@@ -39,35 +36,6 @@ class PushResult:
     num_buckets: int
     replicas_updated: int  # replicas that answered with the new version (chain: counted by the head)
     failed: tuple[str, ...]  # "address: error" for each stream that failed
-
-
-def chunk_messages(bucket: WeightBucket, version: int, bucket_index: int, num_buckets: int, *,
-                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, forward_to: tuple[str, ...] = (),
-                   num_tensors: int = 0) -> Iterator:
-    """The WeightChunk messages of one bucket, each at most max_message_bytes on the wire.
-
-    `forward_to` and `num_tensors` go on the first chunk of the push (bucket 0) only.
-    """
-    from services.common.pb import rollout_pb2
-
-    first = rollout_pb2.WeightChunk(
-        version=version, bucket_index=bucket_index, num_buckets=num_buckets, bucket_nbytes=bucket.nbytes,
-        tensors=[rollout_pb2.TensorMeta(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset, nbytes=s.nbytes)
-                 for s in bucket.tensors],
-    )
-    if bucket_index == 0:
-        first.forward_to.extend(forward_to)
-        first.num_tensors = num_tensors
-    room = max_message_bytes - first.ByteSize() - HEADER_SLACK_BYTES
-    if room <= 0:
-        raise ValueError(f"trainer.bucket_mb: bucket {bucket_index}'s metadata alone ({first.ByteSize()} bytes) "
-                         f"exceeds the {max_message_bytes}-byte message limit; use smaller buckets")
-    first.data = bucket.data[:room]
-    yield first
-    step = max_message_bytes - HEADER_SLACK_BYTES
-    for offset in range(room, bucket.nbytes, step):
-        yield rollout_pb2.WeightChunk(version=version, bucket_index=bucket_index, num_buckets=num_buckets,
-                                      data=bucket.data[offset: offset + step], data_offset=offset)
 
 
 class _Stream:

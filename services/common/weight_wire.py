@@ -1,20 +1,39 @@
-"""Weights as buckets for the push to rollout: HF-named tensors packed into flat bytes + metadata.
+"""The weight push's wire format: the one definition the trainer (sender) and rollout replicas (receiver) share.
 
-A bucket is one contiguous byte string holding several tensors back to back, each described by
-(name, dtype, shape, offset, nbytes), as proto/rollout.proto's TensorMeta says. The trainer
-gathers its TP shards and PP stages and converts them to HF names (`gather_hf_weights`),
-plans buckets of at most bucket_mb (a larger tensor gets a bucket of its own), and packs them
-one at a time so packing can overlap sending.
+A push is a sequence of buckets; a bucket is one flat byte string holding several tensors (Hugging
+Face names) back to back, each at an 8-byte aligned offset and described by (name, dtype, shape,
+offset, nbytes): proto/rollout.proto's TensorMeta. A bucket travels as WeightChunk messages of at
+most the gRPC message limit. Here: the dtypes a replica serves and their sizes, the tensor spec a
+receiver checks against, bucket slots, bucket planning, packing and unpacking, and the split of a
+bucket into chunks. The receiver's reply is the proto's UpdateWeightsResponse itself.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 import torch
 
+from services.common.pb import rollout_pb2
+
+SERVED_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # generate_config.dtype values a replica serves
+DEFAULT_MAX_MESSAGE_BYTES = 4 * (1 << 20)  # gRPC's default receive limit
+HEADER_SLACK_BYTES = 1024  # framing of the non-data fields of a chunk
 MIB = 1 << 20
 ALIGN_BYTES = 8  # each tensor starts on a multiple of 8, so a receiver can view its bytes in place
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a receiver expects of one tensor of the served model."""
+
+    dtype: str  # one of SERVED_DTYPE_BYTES
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * SERVED_DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -104,27 +123,28 @@ def unpack_bucket(bucket: WeightBucket) -> dict[str, torch.Tensor]:
     return out
 
 
-def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
-    """The full model in HF names on every rank: TP shards gathered within each stage, then stages across PP."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
+def chunk_messages(bucket: WeightBucket, version: int, bucket_index: int, num_buckets: int, *,
+                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, forward_to: tuple[str, ...] = (),
+                   num_tensors: int = 0) -> Iterator[rollout_pb2.WeightChunk]:
+    """The WeightChunk messages of one bucket, each at most max_message_bytes on the wire.
 
-    from services.trainer.modeling.checkpoint_convert import megatron_to_hf
-
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
-    state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
-    stage: dict[int, dict[str, torch.Tensor]] = {t: {} for t in range(tp)}
-    for name, tensor in state.items():
-        if tp == 1:
-            stage[0][name] = tensor.cpu()
-            continue
-        parts = [torch.empty_like(tensor) for _ in range(tp)]
-        dist.all_gather(parts, tensor.contiguous(), group=parallel_state.get_tensor_model_parallel_group())
-        for t in range(tp):
-            stage[t][name] = parts[t].cpu()
-    stages = [stage]
-    if pp > 1:
-        stages = [None] * pp
-        dist.all_gather_object(stages, stage, group=parallel_state.get_pipeline_model_parallel_group())
-    return megatron_to_hf({(p, t): stages[p][t] for p in range(pp) for t in range(tp)}, layout)
+    `forward_to` and `num_tensors` go on the first chunk of the push (bucket 0) only.
+    """
+    first = rollout_pb2.WeightChunk(
+        version=version, bucket_index=bucket_index, num_buckets=num_buckets, bucket_nbytes=bucket.nbytes,
+        tensors=[rollout_pb2.TensorMeta(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset, nbytes=s.nbytes)
+                 for s in bucket.tensors],
+    )
+    if bucket_index == 0:
+        first.forward_to.extend(forward_to)
+        first.num_tensors = num_tensors
+    room = max_message_bytes - first.ByteSize() - HEADER_SLACK_BYTES
+    if room <= 0:
+        raise ValueError(f"trainer.bucket_mb: bucket {bucket_index}'s metadata alone ({first.ByteSize()} bytes) "
+                         f"exceeds the {max_message_bytes}-byte message limit; use smaller buckets")
+    first.data = bucket.data[:room]
+    yield first
+    step = max_message_bytes - HEADER_SLACK_BYTES
+    for offset in range(room, bucket.nbytes, step):
+        yield rollout_pb2.WeightChunk(version=version, bucket_index=bucket_index, num_buckets=num_buckets,
+                                      data=bucket.data[offset: offset + step], data_offset=offset)
