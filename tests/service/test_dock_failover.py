@@ -20,6 +20,7 @@ import redis
 from services.common.config import config_from_dict
 from services.common.errors import Unavailable
 from services.dock.client import Dock
+from services.dock.scripts import StaleLease
 from services.dock.schema import DockLayout
 from tests.conftest import free_port, redis_answers, start_redis_server, stop_redis_server
 
@@ -115,12 +116,12 @@ def sentinel_set(tmp_path):
 
 
 def _docks(servers: SentinelSet, **dock_keys) -> dict[str, Dock]:
-    """The trainer's, a rollout worker's and a reward worker's Dock, each through the sentinels, as from their configs."""
+    """The trainer's, two rollout workers' and a reward worker's Dock, each through the sentinels, as from their configs."""
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": N},
                             "dock": {"redis_sentinels": [servers.sentinel_address], "redis_sentinel_master": MASTER,
                                      "redis_password": PASSWORD, "prefix": "fo", "run_id": "run", "reconnect_timeout_s": 30,
                                      **dock_keys}})
-    return {role: Dock.from_config(cfg, holder=role) for role in ("trainer", "rollout-0", "reward-0")}
+    return {role: Dock.from_config(cfg, holder=role) for role in ("trainer", "rollout-0", "reward-0", "rollout-1")}
 
 
 class Roles:
@@ -197,12 +198,19 @@ def test_a_failover_that_loses_writes_is_detected_and_they_are_put_again(sentine
     roles.put_scores(roles.claim_reward())
     assert roles.train() == 2 * N
     held_by_rollout = roles.claim_rollout()  # held across the failover, put after it
+    slow = docks["rollout-1"]
+    # A second rollout worker asks too (nothing is left to claim): the store now counts its writes.
+    # A writer whose every write a failover lost is unknown to the new primary, so nothing tells
+    # it; its lost claims end as below, by a refused put (docs/dock.md, Failover).
+    assert slow.claim("actor_rollout", ["prompts"], 2 * N) is None
 
     sentinel_set.cut_replica_link()
     # Acknowledged by the primary, never replicated: every role writes something the failover will lose.
     roles.put_prompts(list(range(GROUPS // 2, GROUPS)))
     roles.put_responses(held_by_rollout)
     lost_rollout_claim = roles.claim_rollout()
+    # The second worker's claim is lost too, and it stays away until another claim takes those rows.
+    lost_slow_claim = slow.claim("actor_rollout", ["prompts"], 2 * N)
     roles.put_scores(roles.claim_reward())
     assert roles.train() == 2 * N
     sentinel_set.kill_primary()
@@ -217,13 +225,21 @@ def test_a_failover_that_loses_writes_is_detected_and_they_are_put_again(sentine
     roles.put_responses(lost_rollout_claim)  # a lease held across the failover, on a claim the failover lost
     roles.finish()
     _assert_each_row_once(roles)
+    # The slow worker's lost claim cannot be leased again (rollout-0 took rows 24-31 after the
+    # failover): it is reported as dropped, and its late put is refused like one after an expired lease.
+    assert lost_slow_claim.indexes == list(range(24, 32))
+    with pytest.raises(StaleLease, match="no longer holds rows 24"):
+        slow.put(lost_slow_claim.indexes, {"responses": [[0]] * (2 * N)}, lease=lost_slow_claim.lease, version=1)
+    assert roles.rollout.read([24], ["responses"])["responses"][0].tolist() == [25]
     assert roles.trainer.client.connection_pool.get_master_address() == ("127.0.0.1", sentinel_set.replica_port)
-    # What each client lost and put again, in its order; nothing had to be dropped.
+    # What each client lost and put again, in its order, and what it had to drop.
     lost = {role: [(r.lost_writes, r.replayed, r.dropped) for r in dock.recoveries] for role, dock in docks.items()}
     assert lost == {
         "trainer": [(3, ["put rows 16-31 (prompts, labels)", "claim rows 8-15 of actor_train", "ack rows 8-15 of actor_train"], [])],
         "rollout-0": [(2, ["put rows 8-15 (responses)", "claim rows 16-23 of actor_rollout"], [])],
         "reward-0": [(2, ["claim rows 8-15 of rule_reward", "put rows 8-15 (rm_scores)"], [])],
+        "rollout-1": [(1, [], ["claim rows 24-31 of actor_rollout: row 24 of a claim of actor_rollout lost in a failover "
+                              "was claimed again or left the pool"])],
     }, lost
     print(f"failover: the first call after the SIGKILL returned after {failover_s:.1f} s")
 
