@@ -32,9 +32,10 @@ from services.dock.scripts import DockScripts, StaleLease, WritesLost, execute, 
 _MGET_KEYS = 1000  # keys per MGET when reading claimed rows
 _BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 1.0  # reconnect waits: 0.1 s, doubling up to 1 s
 # Acknowledged writes a client keeps to put again if a failover loses them. A write leaves the
-# journal once replicas confirm it (dock.min_replicas_acked) or when the journal is full; losing
-# a write older than that is reported (WritesLost), not replayed. An iteration's prompts are one write.
-_JOURNAL_WRITES = 512
+# journal once replicas confirm it (dock.min_replicas_acked) or when the journal is full (by count
+# or by the bytes of its values); losing a write older than that is reported, not replayed.
+# Replication lags by milliseconds, so these hold far more than a failover takes back.
+_JOURNAL_WRITES, _JOURNAL_BYTES = 512, 64 * 2**20
 logger = logging.getLogger("dockrl.dock")
 
 
@@ -93,6 +94,11 @@ class _Write:
     args: tuple
     what: str
     reply: object = None  # compared with the replay's reply where the caller used it (begin_iteration's free groups)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the values it carries (a put's encoded values; other writes carry next to nothing)."""
+        return sum(len(arg) for arg in self.args if isinstance(arg, bytes))
 
 
 @dataclass
@@ -205,7 +211,8 @@ class Dock:
         self.writer = f"{holder.replace(' ', '_') or 'dock'}/{uuid.uuid4().hex[:12]}"
         self._writes = 0
         self._journal: deque[_Write] = deque()
-        self._journal_floor = 0  # writes up to this number left the journal unconfirmed (it was full)
+        self._journal_bytes = 0
+        self._journal_floor = 0  # writes up to this number left the journal (confirmed by replicas, or it was full)
         self._write_lock = threading.RLock()
         self.recoveries: list[Recovery] = []  # one per failover that lost writes of this client
 
@@ -524,7 +531,10 @@ class Dock:
                 break
             self._writes += 1
             if self._min_replicas and acked >= self._min_replicas:
-                self._journal.clear()  # replication is ordered: every earlier write is on those replicas too
+                # Replication is ordered: every earlier write is on those replicas too. Should a failover
+                # still lose one (a replica that did not confirm was promoted), _recover reports it.
+                self._journal.clear()
+                self._journal_bytes, self._journal_floor = 0, self._writes
             elif script != "claim" or reply[1]:  # an empty claim changed nothing worth putting again
                 if script == "claim":
                     consumer, lease_id, rows = adopt(reply)
@@ -533,8 +543,10 @@ class Dock:
                 else:
                     entry = _Write(self._writes, script, args, what, reply if keep_reply else None)
                 self._journal.append(entry)
-                if len(self._journal) > _JOURNAL_WRITES:
-                    self._journal_floor = self._journal.popleft().seq
+                self._journal_bytes += entry.size
+                while len(self._journal) > _JOURNAL_WRITES or (self._journal_bytes > _JOURNAL_BYTES and len(self._journal) > 1):
+                    dropped = self._journal.popleft()
+                    self._journal_floor, self._journal_bytes = dropped.seq, self._journal_bytes - dropped.size
             if self._min_replicas and acked < self._min_replicas:
                 raise Unavailable(f"redis: {what} was applied on the primary, but only {acked} of dock.min_replicas_acked="
                                   f"{self._min_replicas} replicas confirmed it within dock.replica_ack_timeout_s="
@@ -552,10 +564,12 @@ class Dock:
         recovery = Recovery(self._writes - stored)
         if stored < self._journal_floor:
             raise FailedPrecondition(f"a Redis failover lost writes {stored + 1}..{self._writes} of dock writer {self.writer}, "
-                                     f"older than the {_JOURNAL_WRITES} this client keeps; the run's pool is no longer what "
-                                     "its workers were told (resume the trainer from its checkpoint on a new dock)")
+                                     f"older than the journal this client keeps (writes after number {self._journal_floor}); "
+                                     "the run's pool is no longer what its workers were told (resume the trainer from its "
+                                     "checkpoint on a new dock)")
         lost = [write for write in self._journal if write.seq > stored]
         self._journal = deque(write for write in self._journal if write.seq <= stored)
+        self._journal_bytes = sum(write.size for write in self._journal)
         self._writes = stored
         logger.warning("dock writer %s: a Redis failover lost %d acknowledged writes; putting %d of them again",
                        self.writer, recovery.lost_writes, len(lost))

@@ -21,7 +21,8 @@ import redis
 import yaml
 
 from services.common.config import config_from_dict
-from services.common.errors import Unavailable
+from services.common.errors import FailedPrecondition, Unavailable
+from services.dock import client as client_module
 from services.dock.client import Dock
 from services.dock.scripts import StaleLease
 from services.dock.schema import DockLayout
@@ -280,3 +281,20 @@ def test_with_min_replicas_acked_no_acknowledged_write_is_lost(sentinel_set, tmp
     shown = subprocess.run([sys.executable, "-m", "services.dock", "--config", str(config), "stats", "--json"],
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0 and json.loads(shown.stdout)["live_rows"] == ROWS, shown.stderr
+
+
+def test_a_loss_older_than_the_journal_is_reported_not_skipped(dock_factory, monkeypatch):
+    """The ledger set back as a failover would set it, on one Redis: lost writes the journal no longer holds fail the call."""
+    monkeypatch.setattr(client_module, "_JOURNAL_WRITES", 2)
+    dock = dock_factory(DockLayout(n_samples_per_prompt=2, capacity_groups=4))  # write 1: create
+    for group in range(3):  # writes 2-4; the journal keeps the last two
+        dock.put(dock.rows_of([group]), {"prompts": [[group]] * 2})
+    dock.client.hset(dock.keys.base + "writers", dock.writer, 1)  # the store now holds write 1 only
+    with pytest.raises(FailedPrecondition, match=r"lost writes 2\.\.4 of dock writer dock/\w+, older than the journal this client "
+                                                 r"keeps \(writes after number 2\)"):
+        dock.put(dock.rows_of([3]), {"prompts": [[3]] * 2})
+    dock.client.hset(dock.keys.base + "writers", dock.writer, 3)  # only write 4 lost: it is in the journal and put again
+    dock.client.delete(dock.keys.value("prompts", 4), dock.keys.value("prompts", 5))
+    dock.put(dock.rows_of([3]), {"prompts": [[3]] * 2})
+    assert [(r.lost_writes, r.replayed) for r in dock.recoveries] == [(1, ["put rows 4-5 (prompts)"])]
+    assert [v.tolist() for v in dock.read([4, 5], ["prompts"])["prompts"]] == [[2], [2]]
