@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time

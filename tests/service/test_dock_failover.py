@@ -276,7 +276,8 @@ def test_with_min_replicas_acked_no_acknowledged_write_is_lost(sentinel_set, tmp
     assert roles.rollout.recoveries == [] and roles.reward.recoveries == []
     # `dockrl dock stats` with the same config asks the sentinels too, and finds the promoted primary.
     config = tmp_path / "dock.yaml"
-    config.write_text(yaml.safe_dump({"rl_config": {"n_samples_per_prompt": N}, "dock": {"redis_sentinels": [sentinel_set.sentinel_address], "redis_sentinel_master": MASTER,
+    config.write_text(yaml.safe_dump({"rl_config": {"n_samples_per_prompt": N},
+                                      "dock": {"redis_sentinels": [sentinel_set.sentinel_address], "redis_sentinel_master": MASTER,
                                                "redis_password": PASSWORD, "prefix": "fo", "run_id": "run"}}))
     shown = subprocess.run([sys.executable, "-m", "services.dock", "--config", str(config), "stats", "--json"],
                            capture_output=True, text=True, timeout=60)
