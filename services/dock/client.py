@@ -101,6 +101,10 @@ class _Write:
         return sum(len(arg) for arg in self.args if isinstance(arg, bytes))
 
 
+class ReplicasBehind(Unavailable):
+    """A write the primary applied but fewer than dock.min_replicas_acked replicas confirmed in time."""
+
+
 @dataclass
 class Recovery:
     """What one client found and did after a failover lost writes the store had acknowledged to it."""
@@ -213,7 +217,8 @@ class Dock:
         self._journal: deque[_Write] = deque()
         self._journal_bytes = 0
         self._journal_floor = 0  # writes up to this number left the journal (confirmed by replicas, or it was full)
-        self._write_lock = threading.RLock()
+        self._pending: deque[_Write] = deque()  # writes a failover lost, still to be put again (oldest first)
+        self._write_lock = threading.Lock()
         self.recoveries: list[Recovery] = []  # one per failover that lost writes of this client
 
     @classmethod
@@ -510,58 +515,59 @@ class Dock:
         """Runs a script that changes the pool under this client's write ledger; returns its reply.
 
         The store counts this client's writes (lua/lib.lua). When it holds fewer than it
-        acknowledged, a failover lost the rest: they are put again from the journal (_recover)
-        before this call runs. With dock.min_replicas_acked, the call also waits for that many
-        replicas to hold it, and fails as Unavailable (the write stays in the journal) when they
-        do not within dock.replica_ack_timeout_s. `adopt` turns a claim's reply into the
-        (consumer, lease id, rows) a replay leases again; `keep_reply` keeps the reply to compare.
+        acknowledged, a failover lost the rest: they are put again from the journal, in their
+        order, before this call runs (_take_back, _replay_pending). `adopt` turns a claim's reply
+        into the (consumer, lease id, rows) a replay leases again; `keep_reply` keeps the reply to
+        compare with the replay's.
         """
         with self._write_lock:
             while True:
-                caller = f"{self._digest} {self.writer} {self._writes}"
                 try:
-                    if self._min_replicas:
-                        reply, acked = self._scripts.run_acked(script, self.keys.base, self._min_replicas, self._replica_ack_ms,
-                                                               caller, *args)
-                    else:
-                        reply, acked = self._run(script, caller, *args), 0
+                    self._replay_pending()
+                    return self._write_once(script, args, what, keep_reply, adopt)
                 except WritesLost as lost:
-                    self._recover(lost.stored)
-                    continue
-                break
-            self._writes += 1
-            if self._min_replicas and acked >= self._min_replicas:
-                # Replication is ordered: every earlier write is on those replicas too. Should a failover
-                # still lose one (a replica that did not confirm was promoted), _recover reports it.
-                self._journal.clear()
-                self._journal_bytes, self._journal_floor = 0, self._writes
-            elif script != "claim" or reply[1]:  # an empty claim changed nothing worth putting again
-                if script == "claim":
-                    consumer, lease_id, rows = adopt(reply)
-                    entry = _Write(self._writes, "lease", (consumer, lease_id, "adopt", self._lease_ms, *rows),
-                                   f"claim rows {_span(rows)} of {consumer}")
-                else:
-                    entry = _Write(self._writes, script, args, what, reply if keep_reply else None)
-                self._journal.append(entry)
-                self._journal_bytes += entry.size
-                while len(self._journal) > _JOURNAL_WRITES or (self._journal_bytes > _JOURNAL_BYTES and len(self._journal) > 1):
-                    dropped = self._journal.popleft()
-                    self._journal_floor, self._journal_bytes = dropped.seq, self._journal_bytes - dropped.size
-            if self._min_replicas and acked < self._min_replicas:
-                raise Unavailable(f"redis: {what} was applied on the primary, but only {acked} of dock.min_replicas_acked="
-                                  f"{self._min_replicas} replicas confirmed it within dock.replica_ack_timeout_s="
-                                  f"{self._replica_ack_ms / 1000:g}; a failover now could lose it")
-            return reply
+                    self._take_back(lost.stored)
 
-    def _recover(self, stored: int) -> None:
-        """Puts again, in their order, the writes the store acknowledged after its `stored`-th one and lost.
+    def _write_once(self, script: str, args: tuple, what: str, keep_reply: bool, adopt) -> object:
+        """One writing call: counts it and journals it once the store ran it (WritesLost: the store lost earlier ones).
 
-        A claim comes back as the same lease on the same rows (refused when another claim took a
-        row since: those rows are then redone, and this client's put under that lease is refused
-        as after an expired lease). Raises when the lost writes are older than the journal, or when
-        begin_iteration gives other free groups than it did the first time.
+        With dock.min_replicas_acked it also waits for that many replicas to hold it, and raises
+        ReplicasBehind (an Unavailable; the write stays in the journal) when they do not in time.
         """
-        recovery = Recovery(self._writes - stored)
+        caller = f"{self._digest} {self.writer} {self._writes}"
+        if self._min_replicas:
+            reply, acked = self._scripts.run_acked(script, self.keys.base, self._min_replicas, self._replica_ack_ms, caller, *args)
+        else:
+            reply, acked = self._run(script, caller, *args), 0
+        self._writes += 1
+        if self._min_replicas and acked >= self._min_replicas:
+            # Replication is ordered: every earlier write is on those replicas too. Should a failover
+            # still lose one (a replica that did not confirm was promoted), _take_back reports it.
+            self._journal.clear()
+            self._journal_bytes, self._journal_floor = 0, self._writes
+        elif script != "claim" or reply[1]:  # an empty claim changed nothing worth putting again
+            if script == "claim":
+                consumer, lease_id, rows = adopt(reply)
+                entry = _Write(self._writes, "lease", (consumer, lease_id, "adopt", self._lease_ms, *rows),
+                               f"claim rows {_span(rows)} of {consumer}")
+            else:
+                entry = _Write(self._writes, script, args, what, reply if keep_reply else None)
+            self._journal.append(entry)
+            self._journal_bytes += entry.size
+            while len(self._journal) > _JOURNAL_WRITES or (self._journal_bytes > _JOURNAL_BYTES and len(self._journal) > 1):
+                dropped = self._journal.popleft()
+                self._journal_floor, self._journal_bytes = dropped.seq, self._journal_bytes - dropped.size
+        if self._min_replicas and acked < self._min_replicas:
+            raise ReplicasBehind(f"redis: {what} was applied on the primary, but only {acked} of dock.min_replicas_acked="
+                                 f"{self._min_replicas} replicas confirmed it within dock.replica_ack_timeout_s="
+                                 f"{self._replica_ack_ms / 1000:g}; a failover now could lose it")
+        return reply
+
+    def _take_back(self, stored: int) -> None:
+        """Moves the writes the store acknowledged after its `stored`-th one, and lost, from the journal to the replay queue.
+
+        Raises when some of them are older than the journal: they cannot be put again.
+        """
         if stored < self._journal_floor:
             raise FailedPrecondition(f"a Redis failover lost writes {stored + 1}..{self._writes} of dock writer {self.writer}, "
                                      f"older than the journal this client keeps (writes after number {self._journal_floor}); "
@@ -570,21 +576,40 @@ class Dock:
         lost = [write for write in self._journal if write.seq > stored]
         self._journal = deque(write for write in self._journal if write.seq <= stored)
         self._journal_bytes = sum(write.size for write in self._journal)
+        # Writes still waiting from an earlier failover came before none of these: these go first.
+        self._pending.extendleft(reversed(lost))
+        self.recoveries.append(Recovery(self._writes - stored))
         self._writes = stored
         logger.warning("dock writer %s: a Redis failover lost %d acknowledged writes; putting %d of them again",
-                       self.writer, recovery.lost_writes, len(lost))
-        for write in lost:
+                       self.writer, self.recoveries[-1].lost_writes, len(lost))
+
+    def _replay_pending(self) -> None:
+        """Puts the writes a failover lost again, oldest first; each leaves the queue once it is applied or refused.
+
+        A claim comes back as the same lease on the same rows (refused when another claim took a
+        row since: those rows are then redone, and this client's put under that lease is refused
+        as after an expired lease). A replay the replicas do not confirm in time is applied all
+        the same (this call then says so). Raises when begin_iteration gives other free groups than
+        it did the first time; any other error leaves the rest queued for the next call.
+        """
+        while self._pending:
+            write = self._pending[0]
+            recovery = self.recoveries[-1]
             try:
-                reply = self._write(write.script, write.args, write.what, keep_reply=write.reply is not None)
+                reply = self._write_once(write.script, write.args, write.what, write.reply is not None, None)
             except StaleLease as exc:
                 recovery.dropped.append(f"{write.what}: {exc}")
-                continue
-            if write.reply is not None and reply != write.reply:
-                raise FailedPrecondition(f"a Redis failover lost {write.what}, and putting it again gave {reply!r} instead of "
-                                         f"{write.reply!r}; resume the trainer from its checkpoint on a new dock")
-            recovery.replayed.append(write.what)
-        self.recoveries.append(recovery)
-        logger.warning("dock writer %s after the failover: replayed %s; dropped %s", self.writer, recovery.replayed, recovery.dropped)
+            except ReplicasBehind:
+                recovery.replayed.append(write.what)
+            else:
+                if write.reply is not None and reply != write.reply:
+                    raise FailedPrecondition(f"a Redis failover lost {write.what}, and putting it again gave {reply!r} "
+                                             f"instead of {write.reply!r}; resume the trainer from its checkpoint on a new dock")
+                recovery.replayed.append(write.what)
+            self._pending.popleft()
+            if not self._pending:
+                logger.warning("dock writer %s after the failover: replayed %s; dropped %s", self.writer, recovery.replayed,
+                               recovery.dropped)
 
     @staticmethod
     def _call(fn, *args):

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import yaml
 from services.common.config import config_from_dict
 from services.common.errors import FailedPrecondition, Unavailable
 from services.dock import client as client_module
-from services.dock.client import Dock
+from services.dock.client import Dock, ReplicasBehind
 from services.dock.scripts import StaleLease
 from services.dock.schema import DockLayout
 from tests.conftest import free_port, redis_answers, start_redis_server, stop_redis_server
@@ -299,3 +300,24 @@ def test_a_loss_older_than_the_journal_is_reported_not_skipped(dock_factory, mon
     dock.put(dock.rows_of([3]), {"prompts": [[3]] * 2})
     assert [(r.lost_writes, r.replayed) for r in dock.recoveries] == [(1, ["put rows 4-5 (prompts)"])]
     assert [v.tolist() for v in dock.read([4, 5], ["prompts"])["prompts"]] == [[2], [2]]
+
+
+def test_unconfirmed_replays_are_applied_and_the_call_still_says_unconfirmed(redis_url):
+    """With min_replicas_acked and no replica to confirm (the shared Redis has none), lost writes are still put again in order."""
+    client = redis.Redis.from_url(redis_url)
+    dock = Dock(client, f"test-{uuid.uuid4().hex[:12]}", "run", min_replicas_acked=1, replica_ack_timeout_s=0.2)
+    try:
+        with pytest.raises(ReplicasBehind, match=r"create was applied on the primary, but only 0 of dock\.min_replicas_acked=1"):
+            dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=4))
+        with pytest.raises(ReplicasBehind, match="put rows 0-1"):
+            dock.put([0, 1], {"prompts": [[0]] * 2})
+        client.hset(dock.keys.base + "writers", dock.writer, 1)  # as a failover would leave it: the put is gone
+        client.delete(dock.keys.value("prompts", 0), dock.keys.value("prompts", 1))
+        with pytest.raises(ReplicasBehind, match="put rows 2-3"):
+            dock.put([2, 3], {"prompts": [[2]] * 2})
+        assert [(r.lost_writes, r.replayed) for r in dock.recoveries] == [(1, ["put rows 0-1 (prompts)"])]
+        assert [v.tolist() for v in dock.read([0, 1, 2, 3], ["prompts"])["prompts"]] == [[0], [0], [2], [2]]
+    finally:
+        for key in client.scan_iter(dock.keys.pattern):
+            client.delete(key)
+        client.close()
