@@ -194,7 +194,11 @@ def _span(rows: Sequence[int]) -> str:
 
 
 class Dock:
-    """One run's pool in Redis. Thread-safe (redis-py pools connections); use one per process."""
+    """One run's pool in Redis; use one per process.
+
+    Thread-safe: redis-py pools connections, and writes run one at a time, so the write ledger
+    counts them in the order the store runs them.
+    """
 
     def __init__(self, client: redis.Redis, prefix: str = "dockrl", run_id: str = "default", token: str = "",
                  lease_seconds: float = 120.0, poll_s: float = 0.05, holder: str = "", max_memory_mb: float = 0.0,
