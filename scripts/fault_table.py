@@ -27,8 +27,11 @@ script, to refresh it. The "whole loop" rows come from `tests/faults/test_whole_
 training run of real processes (Redis, two vLLM rollout replicas, two reward workers, the trainer)
 that takes a SIGKILL of a rollout replica and of a reward worker while they hold rows, a Redis
 crash (SIGKILL) while the trainer holds rows and a restart on its AOF, a SIGKILL of the trainer
-and `--resume`, and a Redis that comes back empty.
+and `--resume`, and a Redis that comes back empty. The sections after the tables are written by
+hand; the script keeps them.
 """
+# Everything from this line to the end of the page is prose written by hand: a new render keeps it.
+KEPT_MARKER = "<!-- written by hand below: scripts/fault_table.py keeps it -->"
 
 
 def cell(text: str) -> str:
@@ -53,14 +56,14 @@ def summary(rows: list[dict]) -> list[str]:
     return lines + [f"| {cell(area)} | {len(items)} | {sum(r['held'] for r in items)} |" for area, items in _by_area(rows).items()]
 
 
-def render(rows: list[dict]) -> str:
-    """The Markdown page: a summary per area, then one table per area in first-seen order."""
+def render(rows: list[dict], kept: str = "") -> str:
+    """The Markdown page: a summary per area, one table per area in first-seen order, then `kept` (from KEPT_MARKER on)."""
     lines = [HEADER, *summary(rows)]
     for area, items in _by_area(rows).items():
         lines += ["", f"## {area}", "", "| tried | expected | observed | held |", "| --- | --- | --- | --- |"]
         lines += [f"| {cell(r['tried'])} | {cell(r['expected'])} | {cell(r['observed'])} | {'yes' if r['held'] else '**NO**'} |"
                   for r in items]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + ("\n" + kept if kept else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         rows += json.loads(source.read_text())
-    pathlib.Path(args.out).write_text(render(rows))
+    out = pathlib.Path(args.out)
+    old = out.read_text() if out.exists() else ""
+    out.write_text(render(rows, old[old.index(KEPT_MARKER):] if KEPT_MARKER in old else ""))
     readme = pathlib.Path(args.readme)
     text = readme.read_text()
     if README_START not in text or README_END not in text:

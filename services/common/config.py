@@ -235,6 +235,10 @@ class DockConfig:
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
     claim_poll_s: float = 0.05  # how often a waiting claim asks again
     max_memory_mb: float = 0.0  # a put that would take Redis's used_memory past this is refused (ResourceExhausted); 0: no limit
+    redis_sentinels: tuple[str, ...] = ()  # host:port of each Redis Sentinel; set: the dock asks them for the primary and follows failovers (redis_url stays empty)
+    redis_sentinel_master: str = ""  # the master name the sentinels monitor (`sentinel monitor NAME ...`); needed with redis_sentinels
+    min_replicas_acked: int = 0  # every dock write waits (Redis WAIT) until this many replicas hold it, so a failover loses no acknowledged write; 0: asynchronous
+    replica_ack_timeout_s: float = 5.0  # how long a write waits for min_replicas_acked replicas before it fails as Unavailable
 
 
 @dataclass(frozen=True)
@@ -401,6 +405,37 @@ def _check_positive(errors: list[str], path: str, value: int | float | None, all
         return
     if value < 0 or (value == 0 and not allow_zero):
         errors.append(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+def _check_sentinel_keys(dock: DockConfig, errors: list[str]) -> None:
+    """The keys of a dock behind Redis Sentinel and of replica-acknowledged writes: each set only where it has an effect."""
+    _check_positive(errors, "dock.min_replicas_acked", dock.min_replicas_acked, allow_zero=True)
+    _check_positive(errors, "dock.replica_ack_timeout_s", dock.replica_ack_timeout_s)
+    if dock.min_replicas_acked and dock.replica_ack_timeout_s >= dock.socket_timeout_s:
+        errors.append(f"dock.replica_ack_timeout_s: {dock.replica_ack_timeout_s} must be below dock.socket_timeout_s "
+                      f"{dock.socket_timeout_s} (the WAIT for replicas holds the connection's reply that long)")
+    if dock.min_replicas_acked and dock.redis_cluster:
+        errors.append("dock.min_replicas_acked: not supported with dock.redis_cluster (WAIT has no key to route it to the run's "
+                      "node); set 0, or run the dock on one Redis or behind dock.redis_sentinels")
+    if not dock.redis_sentinels:
+        if dock.redis_sentinel_master:
+            errors.append("dock.redis_sentinel_master: set without dock.redis_sentinels, where it has no effect; "
+                          "list the sentinels (host:port) or remove it")
+        return
+    for i, address in enumerate(dock.redis_sentinels):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            errors.append(f"dock.redis_sentinels[{i}]: {address!r} is not host:port")
+    if not dock.redis_sentinel_master:
+        errors.append("dock.redis_sentinel_master: empty; give the master name the sentinels monitor (`sentinel monitor NAME ...`)")
+    if dock.redis_url:
+        errors.append(f"dock.redis_url: {dock.redis_url!r} set together with dock.redis_sentinels; the sentinels name the "
+                      "primary, so leave redis_url empty")
+    if dock.redis_cluster:
+        errors.append("dock.redis_cluster: cannot be true with dock.redis_sentinels (a cluster fails over by itself)")
+    if dock.redis_tls:
+        errors.append("dock.redis_tls: not supported with dock.redis_sentinels yet (the sentinel connections would need "
+                      "their own TLS settings); use one of the two")
 
 
 def _derive_dispatch_sizes(cfg: Config, errors: list[str]) -> Config:
@@ -587,6 +622,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             errors.append("reward_config.model_replicas: rl_config.verifier_function lists only reward_model, so the reward "
                           "replicas already score nothing else; set 0 and scale reward.replicas instead")
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
+    _check_sentinel_keys(cfg.dock, errors)
     shares = []
     if cfg.init_model is not None:
         shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),

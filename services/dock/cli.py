@@ -32,7 +32,8 @@ def _open(args: argparse.Namespace):
     from services.dock.client import Dock, redis_client
 
     cfg = load_config(args.config) if args.config else Config()
-    url = args.redis_url or cfg.dock.redis_url or "redis://127.0.0.1:6379/0"
+    # Behind sentinels (dock.redis_sentinels) the client asks them for the primary unless a URL is given.
+    url = args.redis_url or cfg.dock.redis_url or ("" if cfg.dock.redis_sentinels else "redis://127.0.0.1:6379/0")
     dock_cfg = dataclasses.replace(cfg.dock, prefix=args.prefix or cfg.dock.prefix, run_id=args.run_id or cfg.dock.run_id)
     token = args.token if args.token is not None else resolve_token(cfg.auth)
     client = redis_client(dock_cfg, url)

@@ -25,9 +25,20 @@ class DockMissing(FailedPrecondition):
     """The run's dock is not in Redis: not created yet, or lost (a Redis restarted without AOF)."""
 
 
+class WritesLost(FailedPrecondition):
+    """The store holds fewer of this writer's calls than it acknowledged: a failover lost the rest.
+
+    `stored` is how many it holds; the client puts the ones after it again (client.Dock).
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.stored = int(message.split(" ", 1)[0])
+
+
 _ERROR_TAGS = {
     "DOCK_NOT_CREATED": DockMissing, "DOCK_AUTH": Unauthenticated, "DOCK_STALE": StaleLease,
-    "DOCK_MEMORY": ResourceExhausted,
+    "DOCK_MEMORY": ResourceExhausted, "DOCK_LOST": WritesLost,
     # Redis's own replies for states that pass (a long script running, a replica failing over):
     # callers wait and ask again, as for a lost connection, instead of dying on a raw error.
     "BUSY": Unavailable, "MASTERDOWN": Unavailable, "READONLY": Unavailable, "TRYAGAIN": Unavailable,
@@ -40,12 +51,36 @@ class DockScripts:
 
     def __init__(self, client: redis.Redis):
         lib = (LUA_DIR / "lib.lua").read_text()
+        self._client = client
         self._scripts = {name: client.register_script(lib + "\n" + (LUA_DIR / f"{name}.lua").read_text()) for name in SCRIPT_NAMES}
 
     def run(self, name: str, base: str, *args):
         """Runs script `name` with KEYS = [base] and ARGV = args; raises typed errors for tagged replies."""
         with redis_errors():
             return self._scripts[name](keys=[base], args=list(args))
+
+    def run_acked(self, name: str, base: str, replicas: int, timeout_ms: int, *args) -> tuple:
+        """Runs script `name` and then WAIT `replicas` `timeout_ms` on the same connection; returns (reply, replicas that acked).
+
+        One pipeline, so the WAIT counts the replicas that hold this script's writes (WAIT waits
+        for the offset of its own connection's last write). A failed script raises as in `run`.
+        """
+        script = self._scripts[name]
+        with redis_errors():
+            for _ in range(2):  # a second time after loading the script into a Redis that lacks it (a new primary)
+                pipe = self._client.pipeline(transaction=False)
+                pipe.evalsha(script.sha, 1, base, *args)
+                pipe.execute_command("WAIT", replicas, timeout_ms)
+                reply, acked = pipe.execute(raise_on_error=False)
+                if not isinstance(reply, redis.exceptions.NoScriptError):
+                    break
+                self._client.script_load(script.script)
+        if isinstance(reply, redis.ResponseError):
+            raise_tagged(reply)
+            raise reply
+        if isinstance(acked, Exception):
+            raise acked
+        return reply, acked
 
 
 def execute(pipe: redis.client.Pipeline) -> list:

@@ -51,7 +51,7 @@ def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str, ready
         ready = str(ready_dir / f"rollout-{i}.json")
         specs.append(ProcessSpec(f"rollout-{i}", (
             python, "-m", "services.rollout", "serve", *conf, "--model", cfg.megatron_training.load,
-            "--grpc-port", str(_port(cfg.rollout.grpc_port, i)), "--http-port", str(_port(cfg.rollout.http_port, i)), "--dock", redis_url,
+            "--grpc-port", str(_port(cfg.rollout.grpc_port, i)), "--http-port", str(_port(cfg.rollout.http_port, i)), "--dock", redis_url or "config",
             "--ready-file", ready,
         ), env, ready_file=ready))
     for i in range(cfg.reward.replicas):

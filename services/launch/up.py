@@ -1,7 +1,7 @@
 """`dockrl up`: the whole system on one machine, as separate processes on loopback.
 
 1. prepare what the config needs (tiny model, data, warm start)
-2. start redis-server when `dock.redis_url` is empty
+2. start redis-server when `dock.redis_url` is empty (and no `dock.redis_sentinels` name the primary)
 3. start rollout replicas, reward replicas (rule ones, and reward-model ones when
    reward_config.model_replicas > 0) and the trainer together (the trainer's imports and model
    build overlap vLLM's start; it waits for a replica in the dock's registry itself), and wait
@@ -89,7 +89,8 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
     signal.signal(signal.SIGTERM, _raise_interrupt)
     group = ProcessGroup(log_dir / "services")
     try:
-        redis_url = cfg.dock.redis_url or start_local_redis(group, log_dir / "redis", cfg.dock.durability)
+        # Behind sentinels the services find the primary themselves (redis_url stays empty, rollout gets `--dock config`).
+        redis_url = cfg.dock.redis_url or ("" if cfg.dock.redis_sentinels else start_local_redis(group, log_dir / "redis", cfg.dock.durability))
         resolved = write_resolved_config(cfg, redis_url, log_dir / "config.yaml")
         specs = plan_processes(cfg, resolved, redis_url, log_dir / "services" / "ready")
         trainer_spec = specs[-1]

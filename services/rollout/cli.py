@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--grpc-port", type=int, default=None, help="gRPC port, 0 picks a free one (default: rollout.grpc_port)")
     serve.add_argument("--http-port", type=int, default=None, help="HTTP port, 0 picks a free one (default: rollout.http_port)")
     serve.add_argument("--served-model-name", default=None, help="model name clients must send (default: rollout.served_model_name, else the model directory's name)")
-    serve.add_argument("--dock", default=None, metavar="REDIS_URL", help="also work for the dock at this Redis (redis://host:port/db): claim prompts, generate, put responses back; the run is dock.prefix / dock.run_id of the config")
+    serve.add_argument("--dock", default=None, metavar="REDIS_URL", help="also work for the dock at this Redis (redis://host:port/db), or at the one the config names (`config`: dock.redis_url, or the primary dock.redis_sentinels name): claim prompts, generate, put responses back; the run is dock.prefix / dock.run_id of the config")
     serve.add_argument("--ready-file", default=None, help="write {grpc_port, http_port, pid} as JSON here once both servers accept calls")
 
 

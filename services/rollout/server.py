@@ -37,7 +37,7 @@ class ServeOptions:
     http_port: int
     served_model_name: str = ""
     ready_file: str | None = None
-    dock_url: str = ""  # non-empty: also run the dock worker against this Redis
+    dock_url: str = ""  # non-empty: also run the dock worker against this Redis; "config": the one the config names (URL or sentinels)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -144,6 +144,6 @@ def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str,
     from services.dock.registry import ReplicaRegistry
     from services.rollout.dock_worker import DockWorker
 
-    dock = Dock.from_config(cfg, token=token, redis_url=redis_url, holder=engine.replica_id)
+    dock = Dock.from_config(cfg, token=token, redis_url=None if redis_url == "config" else redis_url, holder=engine.replica_id)
     registry = ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s)
     return DockWorker(engine, dock, registry, cfg, address)

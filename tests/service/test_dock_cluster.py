@@ -10,6 +10,7 @@ import redis
 from services.common.config import config_from_dict
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
+from services.dock.scripts import StaleLease
 from tests.conftest import free_port, start_redis_server, stop_redis_server
 
 pytestmark = pytest.mark.service
@@ -47,9 +48,9 @@ def cluster_url(tmp_path_factory):
             stop_redis_server(proc)
 
 
-def _cluster_dock(url: str, run_id: str) -> Dock:
+def _cluster_dock(url: str, run_id: str, **dock_keys) -> Dock:
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": N},
-                            "dock": {"redis_url": url, "redis_cluster": True, "prefix": "cl", "run_id": run_id}})
+                            "dock": {"redis_url": url, "redis_cluster": True, "prefix": "cl", "run_id": run_id, **dock_keys}})
     return Dock.from_config(cfg)
 
 
@@ -93,3 +94,37 @@ def test_the_dock_runs_unchanged_on_a_cluster_with_each_run_on_one_slot(cluster_
         homes.add(home.name)
         dock.destroy()
     assert len(homes) > 1, homes
+
+
+def test_ordered_claims_priority_and_leases_hold_on_the_cluster(cluster_url):
+    """The dock's contract on a cluster node: guarantee_order's rank ranges, partial rollout's oldest-first, lease expiry."""
+    ordered = _cluster_dock(cluster_url, "ordered")
+    ordered.create(DockLayout(n_samples_per_prompt=2, capacity_groups=8, guarantee_order=True))
+    rows = ordered.rows_of(ordered.begin_iteration(8))
+    ordered.put(rows, {"prompts": [[r] for r in rows]})
+    ordered.put(rows[::-1], {"responses": [[r] for r in rows[::-1]]})  # ready in reverse: the order must not follow it
+    # MindSpeed-RL's ranges: rank r of 2 owns rows [8 r, 8 r + 8), served in index order in chunks of 4.
+    taken = {rank: [ordered.claim("actor_train", ["responses"], 4, dp_rank=rank, dp_size=2).indexes for _ in range(2)]
+             for rank in (0, 1)}
+    assert taken == {0: [[0, 1, 2, 3], [4, 5, 6, 7]], 1: [[8, 9, 10, 11], [12, 13, 14, 15]]}
+
+    partial = _cluster_dock(cluster_url, "partial")
+    partial.create(DockLayout(n_samples_per_prompt=2, capacity_groups=4, partial_rollout_max_split=3))
+    partial.put(list(range(8)), {"prompts": [[1]] * 8})
+    first = partial.claim("actor_rollout", ["prompts"], 4, partial_columns=["responses"])  # groups 0, 1
+    partial.put(first.indexes, {"responses": [[5]] * 4}, lease=first.lease, partial=True, append=True)
+    again = partial.claim("actor_rollout", ["prompts"], 8, partial_columns=["responses"])
+    assert again.indexes == [0, 1, 2, 3, 4, 5, 6, 7] and again.ages == [1, 1, 1, 1, 0, 0, 0, 0]  # the older groups first
+
+    leased = _cluster_dock(cluster_url, "leased", lease_seconds=0.3)
+    leased.create(DockLayout(n_samples_per_prompt=2, capacity_groups=2))
+    leased.put([0, 1, 2, 3], {"prompts": [[1]] * 4})
+    slow = leased.claim("actor_rollout", ["prompts"], 2)
+    time.sleep(0.4)
+    fast = leased.claim("actor_rollout", ["prompts"], 2)
+    assert fast.indexes == slow.indexes and leased.stats().requeued == 2
+    with pytest.raises(StaleLease, match="no longer holds rows 0,1"):
+        leased.put(slow.indexes, {"responses": [[6]] * 2}, lease=slow.lease)
+    leased.put(fast.indexes, {"responses": [[7]] * 2}, lease=fast.lease)
+    for dock in (ordered, partial, leased):
+        dock.destroy()

@@ -41,3 +41,17 @@ def test_rows_of_several_sessions_render_together(tmp_path):
     assert run.returncode == 0, run.stderr
     page = out.read_text()
     assert "2 of 2 held." in page and page.index("| rollout | 1 | 1 |") < page.index("| whole loop | 1 | 1 |")
+
+
+def test_the_hand_written_sections_after_the_tables_are_kept(tmp_path):
+    log = FaultLog()
+    log.check("dock", "put", "refused", "refused", True)
+    out, readme = tmp_path / "faults.md", tmp_path / "README.md"
+    readme.write_text("<!-- fault-summary:start -->\n<!-- fault-summary:end -->\n")
+    prose = "<!-- written by hand below: scripts/fault_table.py keeps it -->\n\n## Redis failover\n\nWhat can be lost.\n"
+    out.write_text("# old page\n\n| old | table |\n\n" + prose)
+    run = subprocess.run([sys.executable, "scripts/fault_table.py", "--json", str(log.write(tmp_path / "rows.json")),
+                          "--out", str(out), "--readme", str(readme)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    page = out.read_text()
+    assert "| old | table |" not in page and "1 of 1 held." in page and page.endswith("| put | refused | refused | yes |\n\n" + prose)

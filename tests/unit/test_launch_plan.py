@@ -43,3 +43,9 @@ def test_reward_model_replicas_run_apart_with_their_own_kind_ports_and_ready_fil
     assert kinds == {"reward-model-0": "model", "reward-model-1": "model"}  # the rule replicas take the default, rule
     assert [_flag(s.argv, "--port") for s in specs[1:5]] == ["50061", "50062", "50063", "50064"]
     assert len({s.ready_file for s in specs[1:5]}) == 4 and all("--dock" in s.argv for s in specs[1:5])
+
+
+def test_behind_sentinels_the_rollout_replicas_reach_the_dock_the_config_names(tmp_path):
+    cfg = load_config(str(DEFAULT_CONFIG), ["dock.redis_sentinels=[127.0.0.1:26379]", "dock.redis_sentinel_master=dockrl"])
+    specs = plan_processes(cfg, tmp_path / "config.yaml", "", tmp_path / "ready")
+    assert _flag(specs[0].argv, "--dock") == "config"  # the rollout server then asks the sentinels (Dock.from_config)

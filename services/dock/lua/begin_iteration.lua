@@ -1,4 +1,4 @@
--- begin_iteration: ARGV digest, final_consumer, target_groups.
+-- begin_iteration: ARGV caller (lib.lua), final_consumer, target_groups.
 -- Drops the groups `final_consumer` has claimed and released (trained or filtered), keeps the
 -- unfinished ones with their ages, sets the iteration's target of complete groups and returns
 -- {dropped_groups, free group ids...}: the slots the caller fills with new prompts.

@@ -1,4 +1,4 @@
--- claim: ARGV digest, consumer, lease_id, lease_ms, count, min_count, by_group, ordered, lo, hi,
+-- claim: ARGV caller (lib.lua), consumer, lease_id, lease_ms, count, min_count, by_group, ordered, lo, hi,
 -- stop_at_target, max_age, whole_groups, ncols, columns[ncols], nread, read_columns[nread].
 -- Picks up to `count` rows whose columns are final and that `consumer` has not claimed, leases
 -- them until now + lease_ms, and returns {deadline, nrows, rows[nrows], ages[nrows], then the

@@ -18,13 +18,38 @@ end
 
 local function layout_columns() return cjson.decode(redis.call('HGET', k('meta'), 'layout')).columns end
 
--- Returns meta, or nil plus the error reply to return (not created / wrong token).
-local function open(digest)
+-- A writing call's first argument names its caller: "digest writer count", the token's digest
+-- (empty: no token), the client's writer id and how many of its calls the store has run. The
+-- writer ledger (hash `writers`) keeps that count per writer. A count above the stored one means
+-- the store lost calls it had acknowledged: a failover to a replica that had not received them
+-- (asynchronous replication). Then nothing runs and DOCK_LOST tells the client how many it
+-- holds, so it can put them again (client.py). A stored count above the caller's is a call
+-- sent again after a dropped reply, and runs as it always did.
+local function parse_caller(caller)
+  return string.match(caller, '^(%x*) (%S+) (%d+)$')
+end
+
+-- Returns the DOCK_LOST error reply when the store lost calls of `writer`; else counts this one.
+local function ledger(writer, count)
+  local stored = redis.call('HGET', k('writers'), writer)
+  if stored and tonumber(stored) < tonumber(count) then
+    return fail('DOCK_LOST', stored .. ' of ' .. count .. ' calls of writer ' .. writer .. ' are in the store')
+  end
+  redis.call('HSET', k('writers'), writer, tonumber(count) + 1)
+  return nil
+end
+
+-- Returns meta, or nil plus the error reply to return (not created / wrong token / lost calls).
+local function open(caller)
+  local digest, writer, count = parse_caller(caller)
+  if not digest then return nil, fail('DOCK_CALLER', 'malformed caller ' .. caller) end
   local meta = load_meta()
   if not meta then return nil, fail('DOCK_NOT_CREATED', 'no dock under ' .. base .. '; the trainer creates it') end
   if meta.token ~= '' and meta.token ~= digest then
     return nil, fail('DOCK_AUTH', 'the dock under ' .. base .. ' needs the run\'s token for this call')
   end
+  local lost = ledger(writer, count)
+  if lost then return nil, lost end
   return meta
 end
 

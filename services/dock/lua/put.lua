@@ -1,4 +1,4 @@
--- put: ARGV digest, consumer, lease_id, version, partial, append, max_bytes, nrows, ncols,
+-- put: ARGV caller (lib.lua), consumer, lease_id, version, partial, append, max_bytes, nrows, ncols,
 -- rows[nrows], per column: name, appendable; then the values, column by column (value of
 -- column c, row i at 10 + nrows + 2 * ncols + c * nrows + i).
 -- The values travel in the script's own call, so a put is one command, one round trip and one
