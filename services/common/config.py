@@ -42,7 +42,7 @@ class SamplingConfig:
     logprobs: int = 1  # 1 returns the sampled token's logprob (the trainer needs it)
     n: int = 1  # completions per request; the dock worker asks n_samples_per_prompt
     stop: tuple[str, ...] = ()  # strings that end a response
-    seed: int | None = None  # random seed
+    seed: int | None = None  # base of the rollout rows' seeds (each row: a hash of it, the prompt and its index in the group); null: megatron_training.seed; the API's default seed
     detokenize: bool = False  # return text as well as token ids to the dock worker
 
 
@@ -156,7 +156,8 @@ class MegatronTrainingConfig:
     use_distributed_optimizer: bool = True  # shard the fp32 weights and Adam state over data-parallel ranks (Megatron's distributed optimizer)
     bf16: bool = False  # train in bfloat16 (fp32 when false)
     save_interval: int = 0  # 0: only at the end
-    seed: int = 1234  # random seed
+    seed: int = 1234  # random seed (the trainer's, and the base of each rollout row's sampling seed unless sampling_config.seed is set)
+    npu_deterministic: bool = False  # deterministic kernels on every rank (torch.use_deterministic_algorithms; HCCL_DETERMINISTIC on Ascend, CUBLAS_WORKSPACE_CONFIG on CUDA)
     distributed_backend: str = "auto"  # auto | gloo | nccl | hccl
 
 

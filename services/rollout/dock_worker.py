@@ -26,7 +26,7 @@ from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.log import log_event
 from services.rollout.engine import Completion, RolloutEngine
-from services.rollout.sampling import SamplingOverrides
+from services.rollout.sampling import SamplingOverrides, sample_seed
 
 log = logging.getLogger("dockrl.rollout.dock")
 
@@ -70,6 +70,9 @@ class DockWorker:
         self.address = address
         self.max_tokens = cfg.generate_config.sampling_config.max_tokens
         self.max_split = cfg.rl_config.partial_rollout_max_split
+        # sampling_config.seed, when given, else the run's seed: the base of every row's own seed (`sample_seed`).
+        smp_seed = cfg.generate_config.sampling_config.seed
+        self.seed = cfg.megatron_training.seed if smp_seed is None else smp_seed
 
     async def register(self) -> None:
         """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
@@ -178,7 +181,9 @@ class DockWorker:
             versions=[int(v) for v in (versions if versions is not None else [])],
         )
         budget = token_budget(self.max_tokens, self.max_split, len(sample.token_ids))
-        overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0)
+        seed = sample_seed(self.seed, prompt, index % self.dock.layout.n_samples_per_prompt, self.engine.version,
+                           len(sample.token_ids))
+        overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0, seed=seed)
         while True:
             try:
                 stream = self.engine.open(prompt + sample.token_ids, overrides, detokenize=False)

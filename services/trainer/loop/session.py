@@ -20,6 +20,7 @@ from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
 from services.trainer.modeling.data_parallel import data_parallel_rank_size
 from services.trainer.loop.control import TrainerControl
+from services.trainer.loop.determinism import enable_determinism
 from services.trainer.algorithm.critic import Critic
 from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
@@ -96,6 +97,8 @@ class TrainerSession:
         `num_prompts` is the dataset's size: the data cursor of a checkpoint is (epoch, index) in it.
         """
         mt, rl = cfg.megatron_training, cfg.rl_config
+        if mt.npu_deterministic:
+            enable_determinism(mt.seed)
         init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
         _, world = _world()
         if world != rl.actor_resource.num_npus:
