@@ -302,9 +302,10 @@ class ProfilerConfig:
 
 @dataclass(frozen=True)
 class ProfilerRoles:
-    """profiler_config: one section per role (MindSpeed-RL's `integrated` is the colocated worker; here the trainer)."""
+    """profiler_config: one section per service (MindSpeed-RL's `integrated` is its colocated worker; the services here run apart)."""
 
-    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)
+    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)  # steps are trainer iterations
+    rollout: ProfilerConfig = field(default_factory=ProfilerConfig)  # vLLM's own torch profiler; step s: the claims a replica serves at policy version s - 1
 
 
 @dataclass(frozen=True)
@@ -623,6 +624,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                           "replicas already score nothing else; set 0 and scale reward.replicas instead")
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     _validate_profiler(cfg.profiler_config.trainer, "profiler_config.trainer", errors)
+    _validate_profiler(cfg.profiler_config.rollout, "profiler_config.rollout", errors)
+    if cfg.profiler_config.rollout.profile_ranks != "all":
+        errors.append("profiler_config.rollout.profile_ranks: rollout replicas have no trainer rank; every replica profiles (leave all)")
     shares = []
     if cfg.init_model is not None:
         shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),
