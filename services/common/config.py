@@ -42,7 +42,7 @@ class SamplingConfig:
     logprobs: int = 1  # 1 returns the sampled token's logprob (the trainer needs it)
     n: int = 1  # completions per request; the dock worker asks n_samples_per_prompt
     stop: tuple[str, ...] = ()  # strings that end a response
-    seed: int | None = None  # random seed
+    seed: int | None = None  # base of the rollout rows' seeds (each row: a hash of it, the prompt and its index in the group); null: megatron_training.seed; the API's default seed
     detokenize: bool = False  # return text as well as token ids to the dock worker
 
 
@@ -156,7 +156,8 @@ class MegatronTrainingConfig:
     use_distributed_optimizer: bool = True  # shard the fp32 weights and Adam state over data-parallel ranks (Megatron's distributed optimizer)
     bf16: bool = False  # train in bfloat16 (fp32 when false)
     save_interval: int = 0  # 0: only at the end
-    seed: int = 1234  # random seed
+    seed: int = 1234  # random seed (the trainer's, and the base of each rollout row's sampling seed unless sampling_config.seed is set)
+    npu_deterministic: bool = False  # deterministic kernels on every rank (torch.use_deterministic_algorithms; HCCL_DETERMINISTIC on Ascend, CUBLAS_WORKSPACE_CONFIG on CUDA)
     distributed_backend: str = "auto"  # auto | gloo | nccl | hccl
 
 
@@ -279,6 +280,38 @@ class ArithmeticConfig:
     seed: int = 0  # shuffle seed
 
 
+PROFILE_STAGES = ("all",)
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """torch.profiler around one role's steps, with MindSpeed-RL's profiler_config keys."""
+
+    profile: bool = False  # profile the steps profile_step_start .. profile_step_end - 1
+    mstx: bool = False  # Ascend's lightweight mstx marks: not built (must stay false)
+    stage: str = "all"  # all: the whole iteration, each stage (log-prob passes, update, weight push) a named range
+    profile_save_path: str = ""  # traces land here, one directory per rank; empty: <trainer.log_dir>/profiler
+    profile_export_type: str = "text"  # text: a Chrome trace (.pt.trace.json; TensorBoard, Perfetto); db is torch_npu's, not built
+    profile_step_start: int = 1  # first profiled step (1-based)
+    profile_step_end: int = 2  # first step not profiled
+    profile_level: str = "level0"  # level0 only: torch_npu's levels have no torch.profiler counterpart
+    profile_with_memory: bool = False  # record tensor allocations (torch.profiler profile_memory)
+    profile_record_shapes: bool = False  # record operator input shapes
+    profile_with_cpu: bool = True  # profile host-side operators (ProfilerActivity.CPU)
+    profile_with_npu: bool = True  # profile device kernels where a GPU is present (ProfilerActivity.CUDA); no effect on CPU
+    profile_with_module: bool = False  # record Python call stacks (torch.profiler with_stack)
+    profile_analysis: bool = False  # torch_npu's analysis after capture: not built (must stay false); the traces open as written
+    profile_ranks: tuple[int, ...] | str = "all"  # all, or a list of the trainer ranks that profile
+
+
+@dataclass(frozen=True)
+class ProfilerRoles:
+    """profiler_config: one section per service (MindSpeed-RL's `integrated` is its colocated worker; the services here run apart)."""
+
+    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)  # steps are trainer iterations
+    rollout: ProfilerConfig = field(default_factory=ProfilerConfig)  # vLLM's own torch profiler; step s: the claims a replica serves at policy version s - 1
+
+
 @dataclass(frozen=True)
 class Config:
     """The whole run."""
@@ -292,6 +325,7 @@ class Config:
     trainer: TrainerServiceConfig = field(default_factory=TrainerServiceConfig)
     dock: DockConfig = field(default_factory=DockConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    profiler_config: ProfilerRoles = field(default_factory=ProfilerRoles)
     init_model: InitModelConfig | None = None
     arithmetic: ArithmeticConfig | None = None
 
@@ -332,6 +366,8 @@ def _coerce(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
+        if isinstance(value, str) and str in args:  # e.g. `profile_ranks: all` beside a list of ranks
+            return value
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], path, errors)
     if dataclasses.is_dataclass(tp):
@@ -623,6 +659,10 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                           "replicas already score nothing else; set 0 and scale reward.replicas instead")
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     _check_sentinel_keys(cfg.dock, errors)
+    _validate_profiler(cfg.profiler_config.trainer, "profiler_config.trainer", errors)
+    _validate_profiler(cfg.profiler_config.rollout, "profiler_config.rollout", errors)
+    if cfg.profiler_config.rollout.profile_ranks != "all":
+        errors.append("profiler_config.rollout.profile_ranks: rollout replicas have no trainer rank; every replica profiles (leave all)")
     shares = []
     if cfg.init_model is not None:
         shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),
@@ -642,6 +682,27 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             port = getattr(getattr(cfg, svc), port_key, None)
             if port is not None and not 0 <= port < 65536:
                 errors.append(f"{svc}.{port_key}: {port} is not a TCP port (1-65535, or 0 for a free one)")
+
+
+def _validate_profiler(pc: ProfilerConfig, path: str, errors: list[str]) -> None:
+    """Refuses the profiler_config values that name torch_npu's features (dockrl profiles with torch.profiler)."""
+    if pc.mstx:
+        errors.append(f"{path}.mstx: Ascend's mstx marks are not built; the trace names each stage already (set false)")
+    if pc.profile_analysis:
+        errors.append(f"{path}.profile_analysis: torch_npu's analysis is not built; the Chrome traces open as written (set false)")
+    _check_choice(errors, f"{path}.stage", pc.stage, PROFILE_STAGES)
+    _check_choice(errors, f"{path}.profile_export_type", pc.profile_export_type, ("text",))
+    if pc.profile_level != "level0":
+        errors.append(f"{path}.profile_level: {pc.profile_level!r}: the levels are torch_npu's and torch.profiler has none; "
+                      "choose the detail with profile_with_cpu / profile_with_memory / profile_record_shapes / "
+                      "profile_with_module (or leave level0)")
+    if pc.profile_step_start < 1 or pc.profile_step_end <= pc.profile_step_start:
+        errors.append(f"{path}.profile_step_end: steps {pc.profile_step_start} .. {pc.profile_step_end} (end excluded) "
+                      "profile nothing; need 1 <= profile_step_start < profile_step_end")
+    if isinstance(pc.profile_ranks, str) and pc.profile_ranks != "all":
+        errors.append(f"{path}.profile_ranks: {pc.profile_ranks!r} is not 'all' or a list of ranks")
+    if pc.profile and not (pc.profile_with_cpu or pc.profile_with_npu):
+        errors.append(f"{path}.profile_with_cpu: with profile_with_npu false too the profiler records nothing")
 
 
 # ---------------------------------------------------------------- public API

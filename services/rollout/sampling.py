@@ -7,7 +7,9 @@ so a bad request fails with the field's name and the accepted range before it re
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
+from typing import Sequence
 
 from services.common.config import SamplingConfig
 from services.common.errors import InvalidArgument
@@ -72,6 +74,21 @@ class ResolvedSampling:
             detokenize=self.detokenize,
             output_kind=RequestOutputKind.DELTA,
         )
+
+
+def sample_seed(base: int, prompt: Sequence[int], sample_index: int, version: int, done_tokens: int) -> int:
+    """The vLLM seed of one dock row: a hash of (run seed, prompt tokens, index in its group, policy version, tokens already generated).
+
+    The dock worker sends one n=1 request per row, so one seed for all would give a group n identical
+    responses; a seed per row keeps them apart while a rerun of the same run draws the same ones. The
+    version (and, under partial rollout, the tokens already generated) parts a prompt seen again in a
+    later epoch, or resumed in a later claim, from its earlier draws.
+    """
+    digest = hashlib.blake2b(digest_size=8)
+    for part in (base, sample_index, version, done_tokens, len(prompt)):
+        digest.update(int(part).to_bytes(8, "little", signed=True))
+    digest.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in prompt))
+    return int.from_bytes(digest.digest(), "little") >> 1  # 63 bits: a non-negative int64 for torch.Generator
 
 
 def _check_range(field: str, value: float, low: float, high: float, low_open: bool = False) -> None:

@@ -138,3 +138,36 @@ def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("DOCKRL__DOCK__LEASE_SECOND", "3")
     with pytest.raises(ConfigError, match=r"dock\.lease_second: unknown key \(did you mean 'lease_seconds'\?\)"):
         load_config(None)
+
+
+def _profiler(**keys) -> dict:
+    return {"rl_config": {"n_samples_per_prompt": 2}, "profiler_config": {"trainer": keys}}
+
+
+@pytest.mark.parametrize("keys, match", [
+    ({"mstx": True}, r"profiler_config\.trainer\.mstx: Ascend's mstx marks are not built"),
+    ({"profile_analysis": True}, r"profiler_config\.trainer\.profile_analysis: torch_npu's analysis is not built"),
+    ({"stage": "actor_update"}, r"profiler_config\.trainer\.stage: 'actor_update' is not one of all"),
+    ({"profile_export_type": "db"}, r"profiler_config\.trainer\.profile_export_type: 'db' is not one of text"),
+    ({"profile_level": "level1"}, r"profiler_config\.trainer\.profile_level: 'level1': the levels are torch_npu's"),
+    ({"profile_step_start": 3, "profile_step_end": 3}, r"profiler_config\.trainer\.profile_step_end: steps 3 \.\. 3 .* profile nothing"),
+    ({"profile_ranks": "some"}, r"profiler_config\.trainer\.profile_ranks: 'some' is not 'all' or a list of ranks"),
+    ({"profile_ranks": ["0"]}, r"profiler_config\.trainer\.profile_ranks\[0\]: expected an integer"),
+    ({"profile": True, "profile_with_cpu": False, "profile_with_npu": False}, r"profiler_config\.trainer\.profile_with_cpu: with profile_with_npu false too"),
+])
+def test_profiler_config_refuses_torch_npu_only_values(keys, match):
+    with pytest.raises(ConfigError, match=match):
+        config_from_dict(_profiler(**keys))
+
+
+def test_rollout_profiler_takes_no_ranks():
+    with pytest.raises(ConfigError, match=r"profiler_config\.rollout\.profile_ranks: rollout replicas have no trainer rank"):
+        config_from_dict({"rl_config": {"n_samples_per_prompt": 2}, "profiler_config": {"rollout": {"profile_ranks": [0]}}})
+
+
+def test_profiler_ranks_take_all_or_a_list():
+    # MindSpeed-RL's colocated role has no counterpart: the services run and profile apart.
+    with pytest.raises(ConfigError, match=r"profiler_config\.integrated: unknown key \(known keys: rollout, trainer\)"):
+        config_from_dict({"profiler_config": {"integrated": {}}})
+    assert config_from_dict(_profiler(profile_ranks="all")).profiler_config.trainer.profile_ranks == "all"
+    assert config_from_dict(_profiler(profile_ranks=[0, 2])).profiler_config.trainer.profile_ranks == (0, 2)

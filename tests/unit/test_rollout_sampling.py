@@ -3,7 +3,7 @@ import pytest
 
 from services.common.config import SamplingConfig
 from services.common.errors import InvalidArgument
-from services.rollout.sampling import NO_LOGPROBS, SamplingOverrides, resolve
+from services.rollout.sampling import NO_LOGPROBS, SamplingOverrides, resolve, sample_seed
 
 DEFAULTS = SamplingConfig(temperature=0.7, top_p=0.9, top_k=50, max_tokens=16, logprobs=1, n=1)
 
@@ -47,3 +47,25 @@ def test_to_vllm_maps_top_k_off_and_streams_deltas():
 def test_bad_values_name_the_field_and_the_limit(overrides, kwargs, message):
     with pytest.raises(InvalidArgument, match=message):
         run(overrides, **kwargs)
+
+
+def test_sample_seeds_part_a_group_and_repeat_for_a_rerun():
+    prompt = [5, 9, 2]
+    group = [sample_seed(1234, prompt, i, version=3, done_tokens=0) for i in range(8)]
+    assert len(set(group)) == 8, "a group's n samples need n different seeds"
+    assert group == [sample_seed(1234, list(prompt), i, version=3, done_tokens=0) for i in range(8)], "a rerun repeats them"
+    assert all(0 <= s < 2 ** 63 for s in group)
+    # Any part of the identity changes the seed: the run's seed, the prompt, the version, a partial response.
+    others = {sample_seed(1235, prompt, 0, 3, 0), sample_seed(1234, [5, 9, 3], 0, 3, 0),
+              sample_seed(1234, prompt, 0, 4, 0), sample_seed(1234, prompt, 0, 3, 4)}
+    assert group[0] not in others and len(others) == 4
+
+
+def test_rollout_profiler_config_maps_to_vllms(tmp_path):
+    from services.common.config import ProfilerConfig
+    from services.rollout.engine import vllm_profiler_config
+
+    got = vllm_profiler_config(ProfilerConfig(profile=True, profile_with_memory=True, profile_with_module=True), str(tmp_path))
+    assert got["profiler"] == "torch" and got["torch_profiler_dir"] == str(tmp_path / "profiler" / "rollout")
+    assert (got["torch_profiler_with_memory"], got["torch_profiler_with_stack"], got["torch_profiler_record_shapes"]) == (True, True, False)
+    assert got["torch_profiler_activities"] == ["CPU"]  # no GPU here

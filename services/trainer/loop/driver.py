@@ -19,6 +19,8 @@ import time
 
 import psutil
 import torch
+import torch.distributed as dist
+from torch.profiler import record_function
 
 from services.common.auth import resolve_token
 from services.common.config import Config
@@ -28,6 +30,7 @@ from services.dock.scripts import DockMissing
 from services.trainer.modeling.checkpoint import latest_step
 from services.trainer.modeling.cpu_shims import accelerator_present
 from services.trainer.modeling.model import cpu_threads
+from services.trainer.loop.profiling import StepProfiler
 from services.trainer.loop.run_leader import RunLeader
 from services.trainer.loop.session import TrainerSession
 from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
@@ -56,6 +59,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
     session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
     model_ready = time.perf_counter()
     leader = RunLeader(cfg, token, prompts, session.prompt_cursor, resume) if session.is_leader else None
+    profiler = StepProfiler.from_config(cfg, dist.get_rank() if dist.is_initialized() else 0)
     try:
         weights = session.gather_weights()  # a collective: every rank takes part
         before: dict[str, float] = {}
@@ -68,7 +72,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         first_step = session.step + 1
         for step in range(first_step, mt.train_iters + 1):
             session.control.wait_while_paused()
-            with session.control.step_lock:
+            with session.control.step_lock, profiler.step(step):
                 metrics = _iteration(session, leader, step)
                 session.control.record_step(step, metrics, session.version)
                 if mt.save_interval and step % mt.save_interval == 0:
@@ -100,16 +104,19 @@ def _iteration(session: TrainerSession, leader: RunLeader | None, step: int) -> 
     rl = session.cfg.rl_config
     t0 = time.perf_counter()
     session.control.set_state("rollout")
-    batch, metrics = leader.collect(step, session.version) if leader else (None, {})
-    batch = session.broadcast(batch)
+    with record_function("collect_scored_groups"):
+        batch, metrics = leader.collect(step, session.version) if leader else (None, {})
+        batch = session.broadcast(batch)
     t_rollout = time.perf_counter()
     session.control.set_state("train")
     metrics.update(session.train_step(batch, step))  # log-probs, advantages, the policy (and critic) update
     t_train = time.perf_counter()
     session.control.set_state("push")
-    weights = session.gather_weights()
+    with record_function("weight_gather"):
+        weights = session.gather_weights()
     if leader:
-        metrics.update(leader.publish(weights, batch, session.version + 1))
+        with record_function("weight_push"):
+            metrics.update(leader.publish(weights, batch, session.version + 1))
     session.version += 1
     t_push = time.perf_counter()
     session.step = step

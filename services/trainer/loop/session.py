@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from services.common.config import Config
 from services.common.log import log_event
@@ -20,6 +21,7 @@ from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
 from services.trainer.modeling.data_parallel import data_parallel_rank_size
 from services.trainer.loop.control import TrainerControl
+from services.trainer.loop.determinism import enable_determinism
 from services.trainer.algorithm.critic import Critic
 from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
@@ -96,6 +98,8 @@ class TrainerSession:
         `num_prompts` is the dataset's size: the data cursor of a checkpoint is (epoch, index) in it.
         """
         mt, rl = cfg.megatron_training, cfg.rl_config
+        if mt.npu_deterministic:
+            enable_determinism(mt.seed)
         init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
         _, world = _world()
         if world != rl.actor_resource.num_npus:
@@ -165,13 +169,15 @@ class TrainerSession:
         old_logprobs = None
         ppo = self.critic is not None
         if ppo and rl.use_kl_in_reward:  # the reward's KL needs the old policy before the update; otherwise the update has it
-            old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
+            with record_function("actor_compute_log_prob"):
+                old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
         ref_logprobs = None
         if self.ref_model is not None:
-            with torch.no_grad():
+            with torch.no_grad(), record_function("reference_compute_log_prob"):
                 ref_logprobs = compute_logprobs(self.ref_model, samples, fwd)[0].float().cpu()
         if ppo:
-            values = self.critic.values(samples, fwd).float().cpu()
+            with record_function("critic_compute_values"):
+                values = self.critic.values(samples, fwd).float().cpu()
             targets = ppo_targets(scores, values, mask, rl, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
             advantages = targets.advantages
             if rl.use_kl_in_reward:
@@ -179,13 +185,15 @@ class TrainerSession:
         else:
             advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
         behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
-        out = update_policy(self.model, self.optimizer,
-                            TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), self.update_cfg, step)
+        with record_function("actor_update"):  # its first micro-batches' log-probs are the old policy's (no separate pass)
+            out = update_policy(self.model, self.optimizer,
+                                TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), self.update_cfg, step)
         metrics.update({f"actor/{k}": v for k, v in out.metrics.as_dict().items()})
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
         if ppo:
-            critic_out = self.critic.update(samples, values, targets.returns, step)
+            with record_function("critic_update"):
+                critic_out = self.critic.update(samples, values, targets.returns, step)
             metrics.update({f"critic/{k}": v for k, v in critic_out.as_dict().items()})
         metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
         return metrics
