@@ -1,6 +1,6 @@
 """What dock.min_replicas_acked costs: the dock's traffic on a primary with one replica, with and without WAIT.
 
-    python scripts/bench_replica_ack.py [--rows 256 4096] [--reps 5] [--small-puts 300]
+    python bench/bench_replica_ack.py [--rows 256 4096] [--reps 5] [--small-puts 300]
 
 Starts a private primary and replica (redis-server on free loopback ports, no persistence), then
 runs one iteration's dock traffic (bench/bench_dock.py's: the trainer's prompts, the rollout,
