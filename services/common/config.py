@@ -306,10 +306,9 @@ class ProfilerConfig:
 
 @dataclass(frozen=True)
 class ProfilerRoles:
-    """profiler_config: one section per service (MindSpeed-RL's `integrated` is its colocated worker; the services here run apart)."""
+    """profiler_config: one section per role (MindSpeed-RL's `integrated` is the colocated worker; here the trainer)."""
 
-    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)  # steps are trainer iterations
-    rollout: ProfilerConfig = field(default_factory=ProfilerConfig)  # vLLM's own torch profiler; step s: the claims a replica serves at policy version s - 1
+    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)
 
 
 @dataclass(frozen=True)
@@ -660,9 +659,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     _check_sentinel_keys(cfg.dock, errors)
     _validate_profiler(cfg.profiler_config.trainer, "profiler_config.trainer", errors)
-    _validate_profiler(cfg.profiler_config.rollout, "profiler_config.rollout", errors)
-    if cfg.profiler_config.rollout.profile_ranks != "all":
-        errors.append("profiler_config.rollout.profile_ranks: rollout replicas have no trainer rank; every replica profiles (leave all)")
     shares = []
     if cfg.init_model is not None:
         shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),

@@ -73,7 +73,6 @@ class DockWorker:
         # sampling_config.seed, when given, else the run's seed: the base of every row's own seed (`sample_seed`).
         smp_seed = cfg.generate_config.sampling_config.seed
         self.seed = cfg.megatron_training.seed if smp_seed is None else smp_seed
-        self.profile = cfg.profiler_config.rollout
 
     async def register(self) -> None:
         """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
@@ -142,19 +141,6 @@ class DockWorker:
                 log_event(log, "heartbeat failed", level=logging.WARNING, error=str(exc))
 
     async def _process(self, claim) -> None:
-        # profiler_config.rollout: vLLM's profiler over the claims of the configured steps; step s trains
-        # what version s - 1 generates (synchronous runs; with max_staleness a claim counts for its own version).
-        step = self.engine.version + 1
-        profiled = self.profile.profile and self.profile.profile_step_start <= step < self.profile.profile_step_end
-        if profiled:
-            await self.engine.llm.start_profile(profile_prefix=f"step{step}")
-        try:
-            await self._generate_and_put(claim)
-        finally:
-            if profiled:
-                await self.engine.llm.stop_profile()
-
-    async def _generate_and_put(self, claim) -> None:
         rows = []
         for i, index in enumerate(claim.indexes):
             prior = [claim.columns.get(c, [None] * len(claim))[i] for c in PARTIAL_COLUMNS]

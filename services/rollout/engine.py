@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import json
 import os
 import pathlib
 import time
@@ -20,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from services.common import metrics
-from services.common.config import Config, ProfilerConfig
+from services.common.config import Config
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.rollout.sampling import ResolvedSampling, SamplingOverrides, resolve
 
@@ -103,22 +102,6 @@ class _Throughput:
         return sum(recent) / span
 
 
-def vllm_profiler_config(pc: ProfilerConfig, log_dir: str) -> dict:
-    """vLLM's `--profiler-config` for profiler_config.rollout: traces under profile_save_path (default <log_dir>/profiler)/rollout."""
-    import torch
-
-    activities = (["CPU"] if pc.profile_with_cpu else []) + (["CUDA"] if pc.profile_with_npu and torch.cuda.is_available() else [])
-    return {
-        "profiler": "torch",
-        "torch_profiler_dir": str((pathlib.Path(pc.profile_save_path or pathlib.Path(log_dir) / "profiler") / "rollout").resolve()),
-        "torch_profiler_activities": activities,
-        "torch_profiler_with_stack": pc.profile_with_module,
-        "torch_profiler_record_shapes": pc.profile_record_shapes,
-        "torch_profiler_with_memory": pc.profile_with_memory,
-        "torch_profiler_use_gzip": False,  # plain .json, as the trainer's traces
-    }
-
-
 def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse.Namespace:
     """The `vllm serve` arguments of this replica, parsed by vLLM's own parser.
 
@@ -148,9 +131,6 @@ def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse
         argv.append("--enforce-eager")
     if gen.trust_remote_code:
         argv.append("--trust-remote-code")
-    rollout_profile = cfg.profiler_config.rollout
-    if rollout_profile.profile:  # vLLM's torch profiler, started and stopped per claim by the dock worker
-        argv += ["--profiler-config", json.dumps(vllm_profiler_config(rollout_profile, cfg.trainer.log_dir))]
     if gen.tool_call_parser:  # vLLM checks the name, and that the tokenizer has the parser's tokens, at start
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", gen.tool_call_parser]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)

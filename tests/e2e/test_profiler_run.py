@@ -1,5 +1,4 @@
-"""profiler_config on a `dockrl up` run: the trainer writes one Chrome trace per configured step and
-none for the others; the rollout replica writes vLLM's traces of the configured steps' claims."""
+"""profiler_config.trainer on a `dockrl up` run: one Chrome trace per configured step, none for the others."""
 import json
 
 import pytest
@@ -12,9 +11,7 @@ def test_trainer_traces_only_the_configured_steps(run_up, tmp_path):
     run_up("megatron_training.train_iters=3", "trainer.eval_data_path=", "trainer.test_data_path=",
            "profiler_config.trainer.profile=true", "profiler_config.trainer.profile_step_start=2",
            "profiler_config.trainer.profile_step_end=3", "profiler_config.trainer.profile_with_memory=true",
-           f"profiler_config.trainer.profile_save_path={save}",
-           "profiler_config.rollout.profile=true", "profiler_config.rollout.profile_step_start=2",
-           "profiler_config.rollout.profile_step_end=3", f"profiler_config.rollout.profile_save_path={save}")
+           f"profiler_config.trainer.profile_save_path={save}")
     traces = sorted((save / "rank0").glob("*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in traces] == ["rank0_step2"], traces
     events = json.loads(traces[0].read_text())["traceEvents"]
@@ -22,6 +19,3 @@ def test_trainer_traces_only_the_configured_steps(run_up, tmp_path):
     # The iteration and its stages are named ranges; memory records come with profile_with_memory.
     assert {"iteration 2", "collect_scored_groups", "actor_update", "weight_gather", "weight_push"} <= names, sorted(n for n in names if n)[:50]
     assert any(e.get("name") == "[memory]" for e in events)
-    # vLLM's traces (front end and engine worker) of step 2's claim only, named by its prefix.
-    rollout = sorted(p.name for p in (save / "rollout").rglob("*.json"))
-    assert rollout and all(name.startswith("step2") for name in rollout), rollout

@@ -160,14 +160,9 @@ def test_profiler_config_refuses_torch_npu_only_values(keys, match):
         config_from_dict(_profiler(**keys))
 
 
-def test_rollout_profiler_takes_no_ranks():
-    with pytest.raises(ConfigError, match=r"profiler_config\.rollout\.profile_ranks: rollout replicas have no trainer rank"):
-        config_from_dict({"rl_config": {"n_samples_per_prompt": 2}, "profiler_config": {"rollout": {"profile_ranks": [0]}}})
-
-
 def test_profiler_ranks_take_all_or_a_list():
-    # MindSpeed-RL's colocated role has no counterpart: the services run and profile apart.
-    with pytest.raises(ConfigError, match=r"profiler_config\.integrated: unknown key \(known keys: rollout, trainer\)"):
+    # MindSpeed-RL's colocated role has no counterpart: the services profile apart, the trainer's role is built.
+    with pytest.raises(ConfigError, match=r"profiler_config\.integrated: unknown key \(known keys: trainer\)"):
         config_from_dict({"profiler_config": {"integrated": {}}})
     assert config_from_dict(_profiler(profile_ranks="all")).profiler_config.trainer.profile_ranks == "all"
     assert config_from_dict(_profiler(profile_ranks=[0, 2])).profiler_config.trainer.profile_ranks == (0, 2)

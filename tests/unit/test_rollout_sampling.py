@@ -59,13 +59,3 @@ def test_sample_seeds_part_a_group_and_repeat_for_a_rerun():
     others = {sample_seed(1235, prompt, 0, 3, 0), sample_seed(1234, [5, 9, 3], 0, 3, 0),
               sample_seed(1234, prompt, 0, 4, 0), sample_seed(1234, prompt, 0, 3, 4)}
     assert group[0] not in others and len(others) == 4
-
-
-def test_rollout_profiler_config_maps_to_vllms(tmp_path):
-    from services.common.config import ProfilerConfig
-    from services.rollout.engine import vllm_profiler_config
-
-    got = vllm_profiler_config(ProfilerConfig(profile=True, profile_with_memory=True, profile_with_module=True), str(tmp_path))
-    assert got["profiler"] == "torch" and got["torch_profiler_dir"] == str(tmp_path / "profiler" / "rollout")
-    assert (got["torch_profiler_with_memory"], got["torch_profiler_with_stack"], got["torch_profiler_record_shapes"]) == (True, True, False)
-    assert got["torch_profiler_activities"] == ["CPU"]  # no GPU here
