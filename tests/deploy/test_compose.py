@@ -51,11 +51,13 @@ def test_two_rollout_replicas_share_the_work_and_the_proxy(built_image, tmp_path
         stack.wait_http("/health", timeout_s=600)
         client = OpenAI(base_url=f"http://127.0.0.1:{stack.http_port}/v1", api_key=stack.token, max_retries=5)
         model = client.models.list().data[0].id
-        for _ in range(8):
-            done = client.completions.create(model=model, prompt="1+2=", max_tokens=4, temperature=0)
+        # nginx picks one of the resolved addresses at random per request (not strictly in turn), so
+        # enough requests that both replicas are reached with certainty (2 * 2**-24 to miss one).
+        for _ in range(24):
+            done = client.completions.create(model=model, prompt="1+2=", max_tokens=1, temperature=0)
             assert done.choices[0].text is not None
         with grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as channel:
-            for _ in range(4):
+            for _ in range(24):
                 reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
                 assert reply.status == health_pb2.HealthCheckResponse.SERVING
         upstreams = [m.group(1) for ms in per_replica(stack.logs("proxy"), r"upstream=(\S+)").values() for m in ms]
