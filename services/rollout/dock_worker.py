@@ -7,6 +7,13 @@ sample per row, continuing any partial response, for at most the partial-rollout
 put the unfinished ones back as partial (age + 1). The replica is registered in the dock's
 replica registry with a heartbeat, so the trainer's weight push finds it.
 
+Under partial rollout the claim is interruptible (MindSpeed-RL's async-engine scheme): each row
+is put as soon as it finishes, so the iteration's target of complete groups can be reached while
+rows are still running, on this replica or another; once it is (`Dock.rollout_done`), the rows
+still running are aborted and go back as partial with what they generated (age + 1), and the
+next iteration's claims resume them, oldest first. Without partial rollout a claim runs whole:
+its groups are put together.
+
 On stop (the replica drains) it claims nothing more; the claim it holds runs on until it ends or
 the server aborts the engine's requests at the drain's deadline. Then rows that finished are put,
 and the others go back to the dock: under partial rollout with the tokens, logprobs and versions
@@ -18,13 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.log import log_event
+from services.common.metrics import counter
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.sampling import SamplingOverrides, sample_seed
 
@@ -33,6 +41,9 @@ log = logging.getLogger("dockrl.rollout.dock")
 PARTIAL_COLUMNS = ("responses", "rollout_log_probs", "versions")
 CLAIM_WAIT_S = 1.0  # a claim waits this long for rows before the loop checks for stop
 QUEUE_RETRY_S = 0.05
+TARGET_POLL_S = 0.05  # how often a running partial-rollout claim asks whether the iteration's target is reached
+
+INTERRUPTED_ROWS = counter("rollout_rows_interrupted", "Partial-rollout rows stopped in flight because the iteration's target was reached")
 
 
 @dataclass
@@ -43,6 +54,14 @@ class RowResult:
     sample: Completion  # prior partial response + what this claim generated
     finished: bool = False  # False: budget spent before max_tokens (or aborted); goes back as partial
     generated: int = 0  # tokens this claim added
+
+
+@dataclass
+class InFlight:
+    """One claim's rows while they generate: their engine request ids, and whether the claim was interrupted."""
+
+    requests: dict[int, str] = field(default_factory=dict)  # row index -> request id
+    interrupted: bool = False  # the iteration's target was reached: running rows stop, waiting ones do not start
 
 
 def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
@@ -108,12 +127,15 @@ class DockWorker:
             await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
             log_event(log, "returned claim on stop", rows=len(claim))
             return
+        settled: set[int] = set()  # rows already put or released
         try:
-            await self._process(claim)
+            await self._process(claim, settled)
         except DockrlError as exc:  # a lease that expired, or an engine that died
             log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(exc))
+            rest = [i for i in claim.indexes if i not in settled]
             try:  # back to the pool now rather than when the lease ends (refused when it already has)
-                await asyncio.to_thread(self.dock.release, claim.lease, claim.indexes)
+                if rest:
+                    await asyncio.to_thread(self.dock.release, claim.lease, rest)
             except DockrlError:
                 pass
 
@@ -140,41 +162,86 @@ class DockWorker:
             except DockrlError as exc:
                 log_event(log, "heartbeat failed", level=logging.WARNING, error=str(exc))
 
-    async def _process(self, claim) -> None:
+    async def _process(self, claim, settled: set[int]) -> None:
+        running = InFlight()
         rows = []
         for i, index in enumerate(claim.indexes):
             prior = [claim.columns.get(c, [None] * len(claim))[i] for c in PARTIAL_COLUMNS]
-            rows.append(self._generate(index, list(claim.columns["prompts"][i]), *prior))
-        results = await asyncio.gather(*rows)
-        layout = self.dock.layout
-        if layout.partial_rollout:
-            # Rows that got tokens go back with them (a later claim resumes them); rows cut at the drain's
-            # deadline before a token are released, back to the pool with what was stored before this claim.
-            done = [r for r in results if r.finished]
-            resumable = [r for r in results if not r.finished and r.generated]
-            unchanged = [r.index for r in results if not r.finished and not r.generated]
-        else:
-            # Claims take whole groups and never resume a response: a group with a row cut short (the drain,
-            # an Abort) goes back whole, its finished rows too, or no group claim could take the rest of it.
-            n = layout.n_samples_per_prompt
-            cut = {r.index // n for r in results if not r.finished}
-            done = [r for r in results if r.index // n not in cut]
-            resumable = []
-            unchanged = [r.index for r in results if r.index // n in cut]
-        version = self.engine.version
-        if done:
-            columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
-                       "finish_reason": [r.sample.finish_reason for r in done]}
-            await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=version)
-        if resumable:
-            await asyncio.to_thread(self.dock.put, [r.index for r in resumable], _token_columns(resumable),
-                                    lease=claim.lease, version=version, partial=True)
+            rows.append(asyncio.create_task(self._generate(index, list(claim.columns["prompts"][i]), *prior, running)))
+        if self.dock.layout.partial_rollout:
+            await self._process_interruptible(claim, rows, running, settled)
+            return
+        try:
+            results = await asyncio.gather(*rows)
+        finally:
+            for row in rows:
+                row.cancel()
+        # Claims take whole groups and never resume a response: a group with a row cut short (the drain,
+        # an Abort) goes back whole, its finished rows too, or no group claim could take the rest of it.
+        n = self.dock.layout.n_samples_per_prompt
+        cut = {r.index // n for r in results if not r.finished}
+        done = [r for r in results if r.index // n not in cut]
+        await self._put_finished(claim, done, settled)
+        unchanged = [r.index for r in results if r.index // n in cut]
         if unchanged:
             await asyncio.to_thread(self.dock.release, claim.lease, unchanged)
-        log_event(log, "claim done", rows=len(results), finished=len(done), partial=len(resumable), released=len(unchanged),
-                  version=version)
+        log_event(log, "claim done", rows=len(results), finished=len(done), partial=0, released=len(unchanged),
+                  version=self.engine.version)
 
-    async def _generate(self, index: int, prompt: list[int], response, logprobs, versions) -> RowResult:
+    async def _process_interruptible(self, claim, rows: list[asyncio.Task], running: InFlight,
+                                     settled: set[int]) -> None:
+        """Puts each row as it finishes; once the iteration's target is reached, aborts the rows still running.
+
+        Rows that got tokens go back with them (a later claim resumes them); rows stopped before a
+        token (the target, or the drain's deadline) are released, back to the pool with what was
+        stored before this claim. `settled` collects the rows put, for the caller to release the rest on an error.
+        """
+        pending = set(rows)
+        finished = resumable = 0
+        unchanged: list[int] = []
+        interrupted = 0
+        next_check = time.monotonic() + TARGET_POLL_S
+        try:
+            while pending:
+                ended, pending = await asyncio.wait(pending, timeout=TARGET_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                results = [task.result() for task in ended]
+                done = [r for r in results if r.finished]
+                back = [r for r in results if not r.finished and r.generated]
+                await self._put_finished(claim, done, settled)
+                if back:
+                    await asyncio.to_thread(self.dock.put, [r.index for r in back], _token_columns(back),
+                                            lease=claim.lease, version=self.engine.version, partial=True)
+                    settled.update(r.index for r in back)
+                unchanged += [r.index for r in results if not r.finished and not r.generated]
+                finished, resumable = finished + len(done), resumable + len(back)
+                if pending and not running.interrupted and time.monotonic() >= next_check:
+                    next_check = time.monotonic() + TARGET_POLL_S
+                    if await asyncio.to_thread(self.dock.rollout_done):
+                        running.interrupted = True
+                        interrupted = len(running.requests)
+                        for request_id in list(running.requests.values()):
+                            await self.engine.abort(request_id)
+                        INTERRUPTED_ROWS.inc(interrupted)
+        finally:
+            for row in pending:
+                row.cancel()
+        if unchanged:
+            await asyncio.to_thread(self.dock.release, claim.lease, unchanged)
+        log_event(log, "claim done", rows=len(rows), finished=finished, partial=resumable, released=len(unchanged),
+                  interrupted=interrupted, version=self.engine.version)
+
+    async def _put_finished(self, claim, done: list[RowResult], settled: set[int]) -> None:
+        """Puts finished rows final: their whole responses, logprobs, versions, lengths and finish reasons."""
+        if not done:
+            return
+        columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
+                   "finish_reason": [r.sample.finish_reason for r in done]}
+        await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=self.engine.version)
+        settled.update(r.index for r in done)
+
+    async def _generate(self, index: int, prompt: list[int], response, logprobs, versions,
+                        running: InFlight) -> RowResult:
+        """Generates row `index` for this claim's budget; `running` holds its request id while it runs."""
         sample = Completion(
             token_ids=[int(t) for t in (response if response is not None else [])],
             logprobs=[float(x) for x in (logprobs if logprobs is not None else [])],
@@ -185,6 +252,8 @@ class DockWorker:
                            len(sample.token_ids))
         overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0, seed=seed)
         while True:
+            if running.interrupted:  # the target was reached before this row began: back as it was
+                return RowResult(index, sample, finished=False)
             try:
                 stream = self.engine.open(prompt + sample.token_ids, overrides, detokenize=False)
                 break
@@ -197,7 +266,11 @@ class DockWorker:
                 sample.finish_reason = "failed"
                 return RowResult(index, sample, finished=True)
         prior = len(sample.token_ids)
-        async for delta in stream.deltas():
-            sample.add(delta)
+        running.requests[index] = stream.request_id
+        try:
+            async for delta in stream.deltas():
+                sample.add(delta)
+        finally:
+            running.requests.pop(index, None)
         finished = sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens
         return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior)

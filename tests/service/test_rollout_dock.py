@@ -2,8 +2,10 @@
 generates each sample over two partial-rollout claims and puts responses, logprobs and versions back."""
 from __future__ import annotations
 
+import re
 import time
 
+import httpx
 import numpy as np
 import pytest
 import redis
@@ -107,6 +109,84 @@ def test_sigterm_returns_unfinished_claims_and_deregisters(servers, tmp_path):
         assert replica.grpc_target not in [r.address for r in registry.live("rollout")]
         again = dock.claim("actor_rollout", ["prompts"])  # the returned rows are claimable at once
         assert (len(again) if again else 0) == len(rows) - stats.ready["responses"]
+    finally:
+        replica.stop()
+        dock.destroy()
+
+
+def metric(replica, name: str) -> float:
+    """One unlabelled series of the replica's /metrics (0 before it is first counted)."""
+    found = re.search(rf"^{name} (\S+)$", httpx.get(f"{replica.http_base}/metrics", timeout=10).text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_first(servers, tmp_path):
+    """Interruptible partial rollout: once the iteration's target of complete groups is reached (here by
+    another worker's puts), the replica aborts its rows in flight and puts them back with the tokens they
+    got; the next iteration resumes them before a fresh prompt and finishes them on the same response."""
+    run = f"{DOCK_RUN}-interrupt"
+    # Greedy on the random tiny model reaches no EOS: each row runs to its budget (240 tokens a claim, about half
+    # a second here), so the replica's rows are still running when the target is reached. Without
+    # require_max_age_all_finished a group cut at the last split's age waits for the next iteration too.
+    max_tokens, split = 480, 2
+    overrides = (f"dock.prefix={DOCK_PREFIX}", f"dock.run_id={run}", "rollout.heartbeat_ttl_s=3",
+                 "rl_config.n_samples_per_prompt=2", "rl_config.actor_rollout_dispatch_size=2",
+                 f"rl_config.partial_rollout_max_split={split}", "rl_config.require_max_age_all_finished=false",
+                 f"rl_config.rollout_max_tokens={max_tokens}", f"generate_config.sampling_config.max_tokens={max_tokens}",
+                 "generate_config.max_model_len=512", "generate_config.sampling_config.temperature=0.0")
+    cfg = load_config(None, OVERRIDES + overrides)
+    n = cfg.rl_config.n_samples_per_prompt
+    dock = Dock(redis.Redis.from_url(REDIS_URL), DOCK_PREFIX, run, TOKEN)
+    dock.create(DockLayout.from_config(cfg))
+    replica = spawn_replica(servers.model_dir, tmp_path, "interrupt", OVERRIDES + overrides, "tiny", {"OMP_NUM_THREADS": "1"},
+                            extra_args=("--dock", REDIS_URL)).wait()
+    try:
+        groups = dock.begin_iteration(2)[:3]  # a target of 2 complete groups; 3 prompts in the pool
+        rows = dock.rows_of(groups)
+        dock.put(rows, {"prompts": [np.asarray(PROMPTS[i // n], np.int32) for i in range(len(rows))]})
+        other = dock.claim("actor_rollout", ["prompts"], count=2 * n, group=False, timeout_s=5)  # another worker's
+        held = sorted(set(rows) - set(other.indexes))
+        assert len(held) == n, other.indexes  # one group left: the replica's claim
+        deadline = time.monotonic() + 60
+        while metric(replica, "dockrl_rollout_generated_tokens_total") < 8:  # the replica's rows are generating
+            assert time.monotonic() < deadline, "the replica never generated"
+            time.sleep(0.01)
+        done = len(other)
+        dock.put(other.indexes, {"responses": [np.asarray([7, 256], np.int32)] * done,
+                                 "rollout_log_probs": [np.asarray([-1.0, -1.0], np.float32)] * done,
+                                 "versions": [np.asarray([0, 0], np.int32)] * done,
+                                 "response_length": [2] * done, "finish_reason": ["stop"] * done},
+                 lease=other.lease, version=0)
+        assert dock.rollout_done()
+
+        while dock.stats().leased.get("actor_rollout", 0):  # the replica notices the target and gives its rows back
+            assert time.monotonic() < deadline, f"rows in flight were not given back: {dock.stats()}"
+            time.sleep(0.05)
+        stats = dock.stats()
+        assert stats.ready["responses"] == done, "an interrupted row was put as finished"
+        assert stats.groups_by_age.get(1) == 1, stats.groups_by_age  # the interrupted group, age + 1
+        cut = dock.read(held, ["responses", "versions"])
+        lengths = [len(r) for r in cut["responses"]]
+        assert all(0 < k < max_tokens // split for k in lengths), f"not stopped mid-budget: {lengths}"
+        assert all(len(v) == k and set(int(x) for x in v) == {0} for v, k in zip(cut["versions"], lengths))
+        assert metric(replica, "dockrl_rollout_rows_interrupted_total") == 2
+
+        # Next iteration (the trainer took and trained the complete groups): a target of 1 with a fresh prompt
+        # beside the interrupted group. The older group is resumed and finished; the fresh one is not started.
+        trained = dock.claim("actor_train", ["responses"], count=2 * n)
+        dock.ack(trained.lease, trained.indexes)
+        fresh = dock.rows_of(dock.begin_iteration(1)[:1])
+        dock.put(fresh, {"prompts": [np.asarray(PROMPTS[3], np.int32)] * n})
+        deadline = time.monotonic() + 120
+        while not dock.rollout_done():
+            assert time.monotonic() < deadline, f"the interrupted group was not finished: {dock.stats()}"
+            time.sleep(0.1)
+        got = dock.read(held + fresh, ["responses", "finish_reason"])
+        for i, k in enumerate(lengths):
+            response = [int(t) for t in got["responses"][i]]
+            assert len(response) == max_tokens and got["finish_reason"][i] == "length"
+            assert response[:k] == [int(t) for t in cut["responses"][i]], "the resumed response does not continue the cut one"
+        assert got["responses"][2] is None and got["responses"][3] is None, "a fresh prompt was started before the older group"
     finally:
         replica.stop()
         dock.destroy()
