@@ -302,8 +302,13 @@ class RolloutEngine:
         QUEUE_DEPTH.set(len(self._running))
 
     async def abort(self, request_id: str) -> bool:
-        """Aborts a running request; False when no such request runs."""
-        if request_id not in self._running:
+        """Aborts a running request; False when no such request runs or the engine has already finished it.
+
+        A request whose last tokens the engine has produced is still ours until its stream has sent them;
+        aborting it then would change nothing, so it is not reported as aborted. The check and vLLM's abort
+        run with no await between them, so the engine's output loop cannot finish the request in between.
+        """
+        if request_id not in self._running or request_id not in self.llm.output_processor.external_req_ids:
             return False
         await self.llm.abort(request_id)
         return True
