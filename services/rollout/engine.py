@@ -102,6 +102,13 @@ class _Throughput:
         return sum(recent) / span
 
 
+def _on_cpu() -> bool:
+    """True when vLLM runs on the CPU platform."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse.Namespace:
     """The `vllm serve` arguments of this replica, parsed by vLLM's own parser.
 
@@ -129,6 +136,11 @@ def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse
     ]
     if gen.enforce_eager:
         argv.append("--enforce-eager")
+    if _on_cpu():
+        # A prompt split over engine steps makes vLLM rewind its sampler's generator, which a CPU
+        # generator cannot do: every dock row has its own seed, and the engine died. Unsplit prompts
+        # (max_num_batched_tokens >= max_model_len above) keep each prefill in one step.
+        argv.append("--no-enable-chunked-prefill")
     if gen.trust_remote_code:
         argv.append("--trust-remote-code")
     if gen.tool_call_parser:  # vLLM checks the name, and that the tokenizer has the parser's tokens, at start

@@ -195,3 +195,20 @@ def test_abort_needs_the_token_and_stops_a_request(servers):
         if aborted:
             break
     assert any(outcomes), "no Abort arrived while its request was running"
+
+
+def test_seeded_samples_whose_prompts_exceed_one_engine_step_are_served_and_repeat(servers):
+    """80 seeded samples of a 110-token prompt: 8800 prompt tokens, more than one engine step's 8192.
+
+    vLLM's CPU generators cannot rewind, so a seeded sample whose prompt an engine step would split
+    killed the engine ("CPU Generator does not use offset"); every dock row carries a seed.
+    """
+    stub = rollout_stub(servers.a)
+    request = rollout_pb2.GenerateRequest(
+        token_ids=rollout_pb2.TokenIds(ids=[(7 * i) % 250 + 3 for i in range(110)]),
+        sampling=rollout_pb2.SamplingParams(temperature=1.0, n=80, max_tokens=4, seed=11, ignore_eos=True))
+    first = [list(c.token_ids) for c in stub.Generate(request, timeout=300).completions]
+    again = [list(c.token_ids) for c in stub.Generate(request, timeout=300).completions]
+    assert len(first) == 80 and all(len(ids) == 4 for ids in first)
+    assert again == first  # the same seeds give the same samples
+    assert len({tuple(ids) for ids in first}) > 1  # and each sample has its own
