@@ -20,7 +20,9 @@ pytestmark = [pytest.mark.service, pytest.mark.slow]
 
 AREAS = {0: "whole loop", 1: "whole loop, max_staleness 1"}
 GBS, N = 4, 4  # groups per iteration, samples per group
-ITERS = 48  # long enough that the run outlasts the faults below (the trainer takes ~1 s an iteration here)
+# Iterations per max_staleness, so the run outlasts the faults below: a synchronous iteration waits for a
+# killed worker's rows (~1 s an iteration otherwise); an asynchronous one goes on without them, ~0.4 s each.
+ITERS = {0: 48, 1: 120}
 LEASE_S = 10  # short leases: a dead worker's rows come back within seconds
 OUTAGE_S = 3.0  # how long Redis stays down, so every service sees the outage
 
@@ -31,7 +33,7 @@ def _overrides(tmp, eta: int) -> list[str]:
         f"megatron_training.data_path={tmp}/data/train", f"arithmetic.out_dir={tmp}/raw",
         "trainer.eval_data_path=", "trainer.test_data_path=", "init_model.warm_start_accuracy=0",
         f"trainer.log_dir={tmp}/logs", f"megatron_training.save={tmp}/ckpt", "megatron_training.save_interval=1",
-        f"megatron_training.train_iters={ITERS}", f"megatron_training.global_batch_size={GBS}", f"rl_config.n_samples_per_prompt={N}",
+        f"megatron_training.train_iters={ITERS[eta]}", f"megatron_training.global_batch_size={GBS}", f"rl_config.n_samples_per_prompt={N}",
         # One group per claim, so both replicas of each kind take part in every iteration.
         f"rl_config.actor_rollout_dispatch_size={N}", f"rl_config.reward_dispatch_size={N}",
         "rollout.replicas=2", "reward.replicas=2", f"dock.lease_seconds={LEASE_S}",
@@ -120,16 +122,23 @@ def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
     loop.kill("trainer")
     logged = len(loop.steps())
     served, generated = loop.served_version("rollout-0"), loop.generated_version("rollout-0")
+    log_before = len(loop.log("trainer"))
     loop.start_trainer(resume=True)
     after = loop.wait_steps(logged + 2)
     resumed_at = after[logged]
     pushed = loop.served_version("rollout-0")
+    # An asynchronous trainer needs no rollout wait to start step saved + 1, so it may have trained and pushed
+    # it before the kill, unsaved: the resumed trainer then pushes its checkpoint's weights (version saved) first.
+    orphan = served == saved + 1
+    rolled_back = f"weights pushed version={saved} " in loop.log("trainer")[log_before:]
     fault_log.check(
         loop.area, f"the trainer SIGKILLed after the checkpoint of step {saved}, restarted with --resume",
-        f"it continues at step {saved + 1}; the replica serves version {saved} meanwhile and takes the next push",
+        f"it continues at step {saved + 1}; the replica serves the last pushed version meanwhile ({saved}, or {saved + 1} "
+        f"pushed but not saved, which the resumed trainer replaces with its checkpoint's {saved}) and takes the next push",
         f"resumed at step {resumed_at}; meanwhile the replica served version {served} (Generate answered by {generated}); "
-        f"after the resume it serves {pushed}",
-        resumed_at == saved + 1 and served == generated == saved and pushed > saved and _each_step_once(after))
+        f"{f'the resumed trainer pushed version {saved}: {rolled_back}; ' if orphan else ''}after the resume it serves {pushed}",
+        resumed_at == saved + 1 and served == generated and (served == saved or (orphan and rolled_back))
+        and pushed > saved and _each_step_once(after))
 
 
 def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_step: int) -> None:
@@ -152,6 +161,7 @@ def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_st
 def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     """Returns the first step trained on the new dock."""
     saved = _at_a_checkpoint(loop)
+    iters = loop.cfg.megatron_training.train_iters
     trainer = loop.procs["trainer"]
     loop.stop_redis(signal.SIGKILL)
     loop.start_redis(aof=False)  # comes back empty: the run's keys are gone
@@ -171,10 +181,10 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     counted = json.loads((loop.log_dir / "summary.json").read_text())["accounting"]
     fault_log.check(
         loop.area, f"`dockrl trainer train --resume` after the empty Redis",
-        f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {ITERS}; its summary counts "
+        f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {iters}; its summary counts "
         "the samples of the steps it trained",
         f"exit {resumed.returncode}; steps after the resume: {after[logged:]}; summary: {counted['rows_trained']} rows trained "
         f"from step {counted['from_step']}",
-        resumed.returncode == 0 and after[logged:] == list(range(saved + 1, ITERS + 1))
-        and counted["from_step"] == saved + 1 and counted["rows_trained"] == (ITERS - saved) * GBS * N)
+        resumed.returncode == 0 and after[logged:] == list(range(saved + 1, iters + 1))
+        and counted["from_step"] == saved + 1 and counted["rows_trained"] == (iters - saved) * GBS * N)
     return saved + 1
