@@ -16,10 +16,14 @@ rollout + reward; T: train; S: weight push), a synchronous iteration costs R + T
 rollout and trainer on devices of their own and eta >= 1, max(R, T + S): rollout of the next
 batch overlaps the update and the push. Its prediction is printed beside the measured speedup;
 here both sides share two cores, so the overlap cannot add compute, only fill idle time.
-Interruptible partial rollout is not built (docs/trainer.md), so there is no "with interruption" column.
+With --split S each eta also runs with interruptible partial rollout (rl_config.partial_rollout_max_split S:
+a response is generated over up to S rounds, and once an iteration's groups are complete the replica
+stops its rows in flight and puts them back with their tokens, resumed oldest first), the
+"with interruption" rows. --max-tokens lengthens the tail (the tiny config's budget is 16 tokens).
 
     python bench/bench_async.py --quick     # 6 iterations, one repetition (CI)
     python bench/bench_async.py             # 16 iterations, 3 repetitions
+    python bench/bench_async.py --max-tokens 64 --split 4 --reps 2 --iters 12   # with and without interruption
 """
 from __future__ import annotations
 
@@ -43,35 +47,45 @@ def main() -> int:
     p = parser(__doc__, "6 iterations (the first and the last two left out), one repetition (CI)")
     p.add_argument("--iters", type=int, default=None, help="GRPO iterations per run (default 16; --quick 6)")
     p.add_argument("--skip", type=int, default=None, help="first iterations left out (default 2; --quick 1)")
+    p.add_argument("--max-tokens", type=int, default=0, help="response budget in tokens (default: the tiny config's)")
+    p.add_argument("--split", type=int, default=0,
+                   help="also run each eta with interruptible partial rollout over this many rounds (default 0: not)")
     args = p.parse_args()
     iters = args.iters or (6 if args.quick else 16)
     skip = args.skip if args.skip is not None else (1 if args.quick else 2)
     reps = args.reps or (1 if args.quick else 3)
     if iters <= skip + max(ETAS):
         p.error(f"--iters must be more than --skip ({skip}) + {max(ETAS)}")
+    common = [f"rl_config.rollout_max_tokens={args.max_tokens}",
+              f"generate_config.sampling_config.max_tokens={args.max_tokens}"] if args.max_tokens else []
+    settings = {f"eta {eta}": [*common, f"rl_config.max_staleness={eta}"] for eta in ETAS}
+    if args.split > 1:
+        settings.update({f"eta {eta}, interrupted": [*common, f"rl_config.max_staleness={eta}",
+                                                     f"rl_config.partial_rollout_max_split={args.split}"] for eta in ETAS})
 
     from services.common.config import load_config
 
     root = work_dir("async")
-    rates: dict[str, list[float]] = {f"eta {eta}": [] for eta in ETAS}
+    rates: dict[str, list[float]] = {label: [] for label in settings}
     sync_records: list[dict] = []
     last_records: dict[str, list[dict]] = {}
     samples = 0
     for rep in range(reps):
-        for eta in ETAS:
-            label = f"eta {eta}"
-            work = root / f"eta{eta}-rep{rep}"
-            records = run_up(work, iters, [f"rl_config.max_staleness={eta}"])[skip:iters - max(ETAS)]
+        for label, overrides in settings.items():
+            work = root / f"{label.replace(' ', '').replace(',', '-')}-rep{rep}"
+            records = run_up(work, iters, overrides)[skip:iters - max(ETAS)]
             cfg = load_config(str(work / "logs/config.yaml"))
             samples = cfg.megatron_training.global_batch_size * cfg.rl_config.n_samples_per_prompt
             rates[label].append(trained_samples_per_s(records, samples))
             lag = max(r["policy_lag/max"] for r in records)
             progress(f"rep {rep + 1}/{reps} {label}: {rates[label][-1]:.1f} trained samples/s, policy lag max {lag:.0f}")
-            last_records[label] = records
-            if eta == 0:
+            if "interrupted" not in label:
+                last_records[label] = records
+            if label == "eta 0":
                 sync_records += records
     print(machine_line())
-    print(f"{iters} iterations a run (first {skip} and last {max(ETAS)} left out), {samples} samples an iteration, {reps} repetitions")
+    print(f"{iters} iterations a run (first {skip} and last {max(ETAS)} left out), {samples} samples an iteration, {reps} repetitions"
+          f"{f', max_tokens {args.max_tokens}' if args.max_tokens else ''}{f', interrupted runs split {args.split}' if args.split > 1 else ''}")
     print(f"{'run':<20}{'samples/s (median)':>20}")
     for label, values in rates.items():
         print(f"{label:<20}{median(values):>20.1f}")
