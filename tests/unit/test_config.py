@@ -166,3 +166,8 @@ def test_profiler_ranks_take_all_or_a_list():
         config_from_dict({"profiler_config": {"integrated": {}}})
     assert config_from_dict(_profiler(profile_ranks="all")).profiler_config.trainer.profile_ranks == "all"
     assert config_from_dict(_profiler(profile_ranks=[0, 2])).profiler_config.trainer.profile_ranks == (0, 2)
+
+
+def test_wandb_needs_its_project():
+    with pytest.raises(ConfigError, match="rl_config.wandb_project: required with rl_config.use_wandb"):
+        load_config(None, ["rl_config.use_wandb=true"])

@@ -39,7 +39,7 @@ class RunLeader:
         self.stream = PromptStream(prompts, cfg.megatron_training.seed, shuffle=not cfg.rl_config.guarantee_order)
         self.stream.state.cursor = prompt_cursor
         self.eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
-        self.run_log = RunLog(cfg.trainer.log_dir, cfg.rl_config.use_tensorboard)
+        self.run_log = RunLog.from_config(cfg)
         self.sync = ReplicaSync(cfg, ReplicaRegistry(self.dock.client, self.dock.keys, cfg.rollout.heartbeat_ttl_s), token)
         self.accounting = RunAccounting()
         self.weights: dict = {}  # the policy the replicas should serve (for replicas that join later)

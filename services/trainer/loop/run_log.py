@@ -2,9 +2,13 @@
 the trainer's timeline."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
+import uuid
+
+from services.common.config import config_to_dict
 
 CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, prompts RL trains on"),
           ("eval/test_accuracy", "accuracy, prompts held out from RL"))
@@ -42,9 +46,10 @@ def draw_timeline(runs: dict[str, list[dict]], path: str | pathlib.Path, iterati
 
 
 class RunLog:
-    """Appends one record per step to metrics.jsonl and TensorBoard; draws curves.png and timeline.png at the end."""
+    """Appends one record per step to metrics.jsonl, TensorBoard and (optionally) Weights & Biases; draws
+    curves.png and timeline.png at the end."""
 
-    def __init__(self, log_dir: str | pathlib.Path, use_tensorboard: bool = True):
+    def __init__(self, log_dir: str | pathlib.Path, use_tensorboard: bool = True, wandb: WandbSettings | None = None):
         self.dir = pathlib.Path(log_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.dir / "metrics.jsonl"
@@ -55,6 +60,14 @@ class RunLog:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(self.dir / "tensorboard"))
+        self._wandb = wandb.start(self.dir) if wandb else None
+
+    @classmethod
+    def from_config(cls, cfg) -> RunLog:
+        """The run log trainer.log_dir and rl_config's use_tensorboard / use_wandb keys describe."""
+        rl = cfg.rl_config
+        wandb = WandbSettings(rl.wandb_project, rl.wandb_exp_name, rl.wandb_save_dir, config=_without_secrets(cfg)) if rl.use_wandb else None
+        return cls(cfg.trainer.log_dir, rl.use_tensorboard, wandb)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Records `metrics` for `step` (non-finite values are kept in JSONL as null)."""
@@ -66,6 +79,8 @@ class RunLog:
                 if value is not None:
                     self._writer.add_scalar(key, value, step)
             self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
 
     def records(self) -> list[dict]:
         """Every record logged so far (also those of a resumed run's earlier process)."""
@@ -99,6 +114,52 @@ class RunLog:
         return self.png_path
 
     def close(self) -> None:
-        """Flushes and closes the TensorBoard writer."""
+        """Flushes and closes the TensorBoard writer and ends the W&B run (with the pictures, when drawn)."""
         if self._writer is not None:
             self._writer.close()
+        if self._wandb is not None:
+            import wandb
+
+            pictures = {p.stem: wandb.Image(str(p)) for p in (self.png_path, self.timeline_path) if p.exists()}
+            if pictures:
+                self._wandb.log(pictures)
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _without_secrets(cfg) -> dict:
+    """The config as plain data, its shared token and Redis password blanked: W&B stores it off the machine."""
+    data = config_to_dict(cfg)
+    for section, key in (("auth", "token"), ("dock", "redis_password")):
+        if data[section][key]:
+            data[section][key] = "(set)"
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbSettings:
+    """MindSpeed-RL's W&B keys (rl_config.wandb_*) and the run's config to record."""
+
+    project: str
+    exp_name: str = ""
+    save_dir: str = ""
+    config: dict = dataclasses.field(default_factory=dict)
+
+    def start(self, log_dir: pathlib.Path):
+        """Starts (or, for a resumed trainer, continues) the W&B run of `log_dir`.
+
+        The run's id is kept in `log_dir`, so a trainer restarted with --resume appends to the same run.
+        W&B's own environment applies: WANDB_MODE=offline writes locally (`wandb sync` uploads later),
+        WANDB_API_KEY or `wandb login` for online runs.
+        """
+        try:
+            import wandb
+        except ImportError as exc:
+            raise RuntimeError("rl_config.use_wandb: the wandb package is not installed; pip install -e '.[wandb]'") from exc
+        id_file = log_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
+        id_file.write_text(run_id)
+        save_dir = pathlib.Path(self.save_dir or log_dir)  # W&B writes a wandb/ folder in it
+        save_dir.mkdir(parents=True, exist_ok=True)
+        return wandb.init(project=self.project, name=self.exp_name or log_dir.name, dir=str(save_dir), id=run_id,
+                          resume="allow", config=self.config)
