@@ -84,6 +84,38 @@ def redis_url(tmp_path_factory):
     stop_redis_server(proc)
 
 
+@pytest.fixture(scope="module")
+def redis_cluster_url(tmp_path_factory):
+    """Three cluster-enabled redis-servers joined with `redis-cli --cluster create` (no replicas); yields one node's URL."""
+    import redis
+
+    if shutil.which("redis-cli") is None:
+        pytest.fail("redis-cli is not installed: run scripts/setup.sh")
+    procs, urls = [], []
+    try:
+        for i in range(3):
+            # an explicit bus port: the default (port + 10000) does not exist for a free port above 55535
+            proc, url = start_redis_server(tmp_path_factory.mktemp(f"cluster{i}"), "--cluster-enabled", "yes",
+                                           "--cluster-config-file", "nodes.conf", "--cluster-port", str(free_port()),
+                                           "--appendonly", "no")
+            procs.append(proc)
+            urls.append(url)
+        nodes = [url.split("//")[1].split("/")[0] for url in urls]
+        subprocess.run(["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        for url in urls:  # every node must agree the cluster is up before a client asks for the slot map
+            node = redis.Redis.from_url(url)
+            deadline = time.monotonic() + 30
+            while node.cluster("info").get("cluster_state") != "ok":
+                assert time.monotonic() < deadline, f"cluster state at {url}: {node.cluster('info')}"
+                time.sleep(0.1)
+            node.close()
+        yield urls[0]
+    finally:
+        for proc in procs:
+            stop_redis_server(proc)
+
+
 @pytest.fixture
 def dock_factory(redis_url):
     """Makes Docks with a created layout under a unique prefix; deletes every key they made afterwards."""

@@ -33,6 +33,7 @@ from services.common.log import log_event
 from services.common.metrics import counter
 from services.dock.client import Claim, Dock
 from services.dock.registry import ReplicaRegistry
+from services.dock.timeline import Span, Timeline
 from services.dock.scripts import StaleLease
 from services.reward.decoding import ResponseDecoder
 from services.reward.model import MODEL_VERIFIER, RewardModelScorer
@@ -86,6 +87,7 @@ class RewardWorker:
         self.split = split and plan.uses_model
         self.consumer = MODEL_CONSUMER if kind == "model" else CONSUMER
         self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
+        self.timeline = Timeline(dock.client, dock.keys)
 
     @classmethod
     def from_config(cls, cfg: Config, runner: VerifierRunner, model: RewardModelScorer | None = None,
@@ -117,6 +119,7 @@ class RewardWorker:
                                 partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
             return None
+        started = time.time()
         try:
             scored = score_samples(self._inputs(claim), self.plan, self.runner, self.model)
         except Exception:  # e.g. the tokenizer cannot load: give the rows back at once
@@ -125,13 +128,14 @@ class RewardWorker:
         columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
         if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
             columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
-        return self._put(claim, columns, scored)
+        return self._put(claim, columns, scored, started)
 
     def _model_step(self, wait_s: float) -> BatchReport | None:
         claim = self.dock.claim(MODEL_CONSUMER, ["responses", "prompts"], self.count, group=True,
                                 partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
             return None
+        started = time.time()
         try:
             samples = self._inputs(claim)
             ids = [self.model.encode(s.prompt, s.response, f"rows[{row}].responses") for row, s in zip(claim.indexes, samples)]
@@ -140,11 +144,12 @@ class RewardWorker:
             self.dock.release(claim.lease, claim.indexes)
             raise
         scored = [SampleScore(v, (PartScore(MODEL_VERIFIER, v),), 0.0) for v in values]
-        return self._put(claim, {MODEL_COLUMN: np.array(values, dtype=np.float32)}, scored)
+        return self._put(claim, {MODEL_COLUMN: np.array(values, dtype=np.float32)}, scored, started)
 
-    def _put(self, claim: Claim, columns: dict[str, np.ndarray], scored: list[SampleScore]) -> BatchReport:
+    def _put(self, claim: Claim, columns: dict[str, np.ndarray], scored: list[SampleScore], started: float) -> BatchReport:
         try:
             self.dock.put(claim.indexes, columns, lease=claim.lease)
+            self.timeline.record(Span(self.replica_id, "score", started, time.time(), len(claim)))
         except StaleLease:
             STALE_PUTS.inc()
             log_event(logger, "lease taken over; batch dropped", logging.WARNING, rows=len(claim))

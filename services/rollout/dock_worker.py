@@ -33,6 +33,7 @@ from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.log import log_event
 from services.common.metrics import counter
+from services.dock.timeline import Span, Timeline
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.sampling import SamplingOverrides, sample_seed
 
@@ -85,6 +86,7 @@ class DockWorker:
         self.engine = engine
         self.dock = dock
         self.registry = registry
+        self.timeline = Timeline(dock.client, dock.keys)
         self.cfg = cfg
         self.address = address
         self.max_tokens = cfg.generate_config.sampling_config.max_tokens
@@ -128,8 +130,10 @@ class DockWorker:
             log_event(log, "returned claim on stop", rows=len(claim))
             return
         settled: set[int] = set()  # rows already put or released
+        started = time.time()
         try:
             await self._process(claim, settled)
+            await asyncio.to_thread(self.timeline.record, Span(self.engine.replica_id, "generate", started, time.time(), len(claim)))
         except DockrlError as exc:  # a lease that expired, or an engine that died
             log_event(log, "claim failed", level=logging.WARNING, rows=len(claim), error=str(exc))
             rest = [i for i in claim.indexes if i not in settled]

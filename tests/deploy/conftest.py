@@ -1,6 +1,5 @@
 """The compose tier's fixtures: one Docker host and one built image for the whole session."""
 import json
-import pathlib
 import time
 
 import pytest

@@ -24,7 +24,8 @@ def _weights(log_dir, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_same_seed_repeats_every_step_and_another_seed_does_not(run_up):
-    common = ("rl_config.guarantee_order=true", "megatron_training.npu_deterministic=true",
+    # max_staleness 0 (the default, said here): the synchronous loop, which asynchronous RL must leave bit for bit.
+    common = ("rl_config.max_staleness=0", "rl_config.guarantee_order=true", "megatron_training.npu_deterministic=true",
               f"megatron_training.train_iters={ITERS}", "megatron_training.save_interval=1",
               "trainer.eval_data_path=", "trainer.test_data_path=")
     first = run_up(*common, name="a")

@@ -34,6 +34,11 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     assert all(r["policy_lag/max"] == 0 for r in records)  # synchronous: max_staleness 0
     assert (log_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (log_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    # The picture's rows: each rollout replica's claims, the reward replica's batches, the trainer's three stages a step.
+    timeline = summary["timeline"]
+    assert timeline["stages"]["train"] == timeline["stages"]["push"] == iters and timeline["workers"]["trainer"] == 3 * iters
+    assert sum(w.startswith("rollout-") for w in timeline["workers"]) == 2 and timeline["stages"]["generate"] > 0
+    assert sum(w.startswith("reward-") for w in timeline["workers"]) == 1 and timeline["stages"]["score"] > 0
     # The demo's figure: greedy accuracy on the 40 prompts RL never trains on rises by 20 points or more.
     assert summary["eval_prompts"]["test_accuracy"] == 40
     assert summary["test_accuracy_after"] - summary["test_accuracy_before"] >= 0.2, summary

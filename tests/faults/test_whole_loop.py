@@ -180,7 +180,7 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
     after = loop.steps()
     counted = json.loads((loop.log_dir / "summary.json").read_text())["accounting"]
     fault_log.check(
-        loop.area, f"`dockrl trainer train --resume` after the empty Redis",
+        loop.area, "`dockrl trainer train --resume` after the empty Redis",
         f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {iters}; its summary counts "
         "the samples of the steps it trained",
         f"exit {resumed.returncode}; steps after the resume: {after[logged:]}; summary: {counted['rows_trained']} rows trained "

@@ -1,6 +1,4 @@
 """The dock on a three-master Redis Cluster started on loopback: same API, one slot per run, runs spread over nodes."""
-import shutil
-import subprocess
 import time
 
 import numpy as np
@@ -11,41 +9,10 @@ from services.common.config import config_from_dict
 from services.dock.client import Dock
 from services.dock.schema import DockLayout
 from services.dock.scripts import StaleLease
-from tests.conftest import free_port, start_redis_server, stop_redis_server
 
 pytestmark = pytest.mark.service
 
 N, GROUPS = 4, 16
-
-
-@pytest.fixture(scope="module")
-def cluster_url(tmp_path_factory):
-    """Three cluster-enabled redis-servers joined with `redis-cli --cluster create` (no replicas); yields one node's URL."""
-    if shutil.which("redis-cli") is None:
-        pytest.fail("redis-cli is not installed: run scripts/setup.sh")
-    procs, urls = [], []
-    try:
-        for i in range(3):
-            # an explicit bus port: the default (port + 10000) does not exist for a free port above 55535
-            proc, url = start_redis_server(tmp_path_factory.mktemp(f"cluster{i}"), "--cluster-enabled", "yes",
-                                           "--cluster-config-file", "nodes.conf", "--cluster-port", str(free_port()),
-                                           "--appendonly", "no")
-            procs.append(proc)
-            urls.append(url)
-        nodes = [url.split("//")[1].split("/")[0] for url in urls]
-        subprocess.run(["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
-        for url in urls:  # every node must agree the cluster is up before a client asks for the slot map
-            node = redis.Redis.from_url(url)
-            deadline = time.monotonic() + 30
-            while node.cluster("info").get("cluster_state") != "ok":
-                assert time.monotonic() < deadline, f"cluster state at {url}: {node.cluster('info')}"
-                time.sleep(0.1)
-            node.close()
-        yield urls[0]
-    finally:
-        for proc in procs:
-            stop_redis_server(proc)
 
 
 def _cluster_dock(url: str, run_id: str, **dock_keys) -> Dock:
@@ -70,8 +37,8 @@ def _run_an_iteration(dock: Dock) -> list[int]:
     return trained
 
 
-def test_the_dock_runs_unchanged_on_a_cluster_with_each_run_on_one_slot(cluster_url):
-    docks = [_cluster_dock(cluster_url, f"run{i}") for i in range(6)]
+def test_the_dock_runs_unchanged_on_a_cluster_with_each_run_on_one_slot(redis_cluster_url):
+    docks = [_cluster_dock(redis_cluster_url, f"run{i}") for i in range(6)]
     assert isinstance(docks[0].client, redis.RedisCluster)
     for dock in docks:
         dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=GROUPS))
@@ -96,9 +63,9 @@ def test_the_dock_runs_unchanged_on_a_cluster_with_each_run_on_one_slot(cluster_
     assert len(homes) > 1, homes
 
 
-def test_ordered_claims_priority_and_leases_hold_on_the_cluster(cluster_url):
+def test_ordered_claims_priority_and_leases_hold_on_the_cluster(redis_cluster_url):
     """The dock's contract on a cluster node: guarantee_order's rank ranges, partial rollout's oldest-first, lease expiry."""
-    ordered = _cluster_dock(cluster_url, "ordered")
+    ordered = _cluster_dock(redis_cluster_url, "ordered")
     ordered.create(DockLayout(n_samples_per_prompt=2, capacity_groups=8, guarantee_order=True))
     rows = ordered.rows_of(ordered.begin_iteration(8))
     ordered.put(rows, {"prompts": [[r] for r in rows]})
@@ -108,7 +75,7 @@ def test_ordered_claims_priority_and_leases_hold_on_the_cluster(cluster_url):
              for rank in (0, 1)}
     assert taken == {0: [[0, 1, 2, 3], [4, 5, 6, 7]], 1: [[8, 9, 10, 11], [12, 13, 14, 15]]}
 
-    partial = _cluster_dock(cluster_url, "partial")
+    partial = _cluster_dock(redis_cluster_url, "partial")
     partial.create(DockLayout(n_samples_per_prompt=2, capacity_groups=4, partial_rollout_max_split=3))
     partial.put(list(range(8)), {"prompts": [[1]] * 8})
     first = partial.claim("actor_rollout", ["prompts"], 4, partial_columns=["responses"])  # groups 0, 1
@@ -116,7 +83,7 @@ def test_ordered_claims_priority_and_leases_hold_on_the_cluster(cluster_url):
     again = partial.claim("actor_rollout", ["prompts"], 8, partial_columns=["responses"])
     assert again.indexes == [0, 1, 2, 3, 4, 5, 6, 7] and again.ages == [1, 1, 1, 1, 0, 0, 0, 0]  # the older groups first
 
-    leased = _cluster_dock(cluster_url, "leased", lease_seconds=0.3)
+    leased = _cluster_dock(redis_cluster_url, "leased", lease_seconds=0.3)
     leased.create(DockLayout(n_samples_per_prompt=2, capacity_groups=2))
     leased.put([0, 1, 2, 3], {"prompts": [[1]] * 4})
     slow = leased.claim("actor_rollout", ["prompts"], 2)

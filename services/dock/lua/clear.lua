@@ -1,12 +1,12 @@
 -- clear: ARGV caller (lib.lua), scope (pool | all). Empties the pool; the layout, the token and the
 -- counters stay (the rows cleared count in `cleared`), unless scope is all (the run's every key
--- goes, the writer ledger too: the run is over).
+-- goes, the writer ledger and the timeline too: the run is over).
 local meta, err = open(ARGV[1])
 if not meta then return err end
 redis.call('HINCRBY', k('meta'), 'cleared', redis.call('BITCOUNT', k('live')))
 delete_pool(meta)
 if ARGV[2] == 'all' then
-  redis.call('DEL', k('meta'), k('consumers'), k('writers'))
+  redis.call('DEL', k('meta'), k('consumers'), k('writers'), k('timeline'))
 else
   redis.call('HSET', k('meta'), 'complete', 0)
 end

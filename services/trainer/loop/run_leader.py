@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
+
+import redis
 
 from services.common.config import Config
 from services.common.log import log_event
@@ -16,6 +19,7 @@ from services.common.preprocess import PromptRecord, load_prompts
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
+from services.dock.timeline import Span, Timeline
 from services.trainer.loop.iteration_data import RunAccounting, ScoredBatch, ack_batch, collect_iteration
 from services.trainer.loop.prompt_stream import PromptStream
 from services.trainer.weights.rollout_sync import ReplicaSync
@@ -24,6 +28,7 @@ from services.trainer.loop.run_log import RunLog
 logger = logging.getLogger("dockrl.trainer")
 
 EVAL_SETS = (("accuracy", "eval_data_path"), ("test_accuracy", "test_data_path"))
+TRAINER_STAGES = (("wait", "timing/rollout_and_reward_s"), ("train", "timing/train_s"), ("push", "timing/weight_sync_s"))
 
 
 class RunLeader:
@@ -41,6 +46,7 @@ class RunLeader:
         self.eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
         self.run_log = RunLog.from_config(cfg)
         self.sync = ReplicaSync(cfg, ReplicaRegistry(self.dock.client, self.dock.keys, cfg.rollout.heartbeat_ttl_s), token)
+        self.timeline = Timeline(self.dock.client, self.dock.keys)
         self.accounting = RunAccounting()
         self.weights: dict = {}  # the policy the replicas should serve (for replicas that join later)
 
@@ -78,8 +84,13 @@ class RunLeader:
         return {"weight_sync/bytes": push.bytes_sent, "weight_sync/replicas": push.replicas_updated}
 
     def record(self, step: int, metrics: dict[str, float]) -> None:
-        """One step's metrics to metrics.jsonl, TensorBoard and the log."""
+        """One step's metrics to metrics.jsonl, TensorBoard and the log, and its stages to the run's timeline."""
         self.run_log.log(step, metrics)
+        start = time.time() - metrics["timing/iteration_s"]  # the stages ran back to back, ending now
+        rows = self.cfg.megatron_training.global_batch_size * self.cfg.rl_config.n_samples_per_prompt
+        for stage, key in TRAINER_STAGES:
+            self.timeline.record(Span("trainer", stage, start, start + metrics[key], rows))
+            start += metrics[key]
         log_event(logger, "step", step=step, reward=f"{metrics['reward/mean']:.3f}", loss=f"{metrics['actor/loss']:.4f}",
                   seconds=f"{metrics['timing/iteration_s']:.1f}")
 
@@ -100,12 +111,19 @@ class RunLeader:
     def finish(self, step: int, version: int, first_step: int, before: dict[str, float]) -> None:
         """The last evaluation, the pictures and summary.json."""
         after = self.evaluate(step, version)
-        self.run_log.plot()
+        try:
+            spans = self.timeline.spans()
+        except redis.RedisError as exc:  # the pictures still come, the timeline with the trainer's stages only
+            log_event(logger, "run timeline unreadable", level=logging.WARNING, error=str(exc))
+            spans = []
+        self.run_log.plot(spans)
         summary = {"steps": step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
                    "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
                    "eval_prompts": {k: len(v) for k, v in self.eval_sets.items()},
                    # this process's count: a run resumed with --resume counts from its first step here
-                   "accounting": {**self.accounting.__dict__, "from_step": first_step}, "dock": self.dock.stats().__dict__}
+                   "accounting": {**self.accounting.__dict__, "from_step": first_step}, "dock": self.dock.stats().__dict__,
+                   # spans in timeline.png, per stage and per worker
+                   "timeline": {"stages": dict(Counter(s.stage for s in spans)), "workers": dict(Counter(s.worker for s in spans))}}
         (self.run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
 
     def close(self) -> None:

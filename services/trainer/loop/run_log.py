@@ -9,6 +9,7 @@ import pathlib
 import uuid
 
 from services.common.config import config_to_dict
+from services.dock.timeline import Span
 
 CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, prompts RL trains on"),
           ("eval/test_accuracy", "accuracy, prompts held out from RL"))
@@ -43,6 +44,42 @@ def draw_timeline(runs: dict[str, list[dict]], path: str | pathlib.Path, iterati
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+WORKER_STAGES = {"generate": ("rollout: generating a claim", "tab:purple"), "score": ("reward: scoring a claim", "tab:red"),
+                 "wait": ("trainer: waiting for scored groups", "tab:orange"), "train": ("trainer: update", "tab:blue"),
+                 "push": ("trainer: weight push", "tab:green")}
+
+
+def draw_worker_timeline(spans: list[Span], path: str | pathlib.Path) -> list[str]:
+    """One row per worker (the trainer, each rollout replica, each reward replica), a bar for every span
+    it recorded in the run's timeline, at its wall-clock time: where rollout, reward and training overlap.
+    Returns the rows' workers, top to bottom."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    origin = min(s.start for s in spans)
+    rank = {"wait": 0, "train": 0, "push": 0, "generate": 1, "score": 2}  # the trainer first, then rollout, then reward
+    workers = sorted({s.worker for s in spans}, key=lambda w: (min(rank.get(s.stage, 3) for s in spans if s.worker == w), w))
+    fig, ax = plt.subplots(figsize=(14, 1.4 + 0.5 * len(workers)))
+    for row, worker in enumerate(workers):
+        for stage, (_, color) in WORKER_STAGES.items():
+            bars = [(s.start - origin, max(s.end - s.start, 1e-3)) for s in spans if s.worker == worker and s.stage == stage]
+            if bars:
+                ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=color, edgecolor="white", linewidth=0.3)
+    ax.set_yticks(range(len(workers)), workers)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first recorded span")
+    present = [stage for stage in WORKER_STAGES if any(s.stage == stage for s in spans)]
+    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=WORKER_STAGES[s][1]) for s in present],
+              labels=[WORKER_STAGES[s][0] for s in present], loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.set_title("run timeline: rollout replicas generating, reward scoring, the trainer waiting, training and pushing")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return workers
 
 
 class RunLog:
@@ -88,9 +125,9 @@ class RunLog:
             return []
         return [json.loads(line) for line in self.jsonl_path.read_text().splitlines() if line.strip()]
 
-    def plot(self) -> pathlib.Path:
-        """Draws the reward and accuracy curves into curves.png, and the trainer's timeline into
-        timeline.png; returns curves.png's path."""
+    def plot(self, spans: list[Span] | None = None) -> pathlib.Path:
+        """Draws the reward and accuracy curves into curves.png and the run's timeline into timeline.png
+        (every worker's spans when given, else the trainer's stages from its records); returns curves.png's path."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -109,8 +146,11 @@ class RunLog:
         fig.tight_layout()
         fig.savefig(self.png_path, dpi=100)
         plt.close(fig)
-        draw_timeline({"trainer": records}, self.timeline_path,
-                      title="trainer timeline: each iteration's wait for scored groups, update and weight push")
+        if spans:
+            draw_worker_timeline(spans, self.timeline_path)
+        else:
+            draw_timeline({"trainer": records}, self.timeline_path,
+                          title="trainer timeline: each iteration's wait for scored groups, update and weight push")
         return self.png_path
 
     def close(self) -> None:
