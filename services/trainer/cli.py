@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                          "HF -> Megatron -> HF gives back bit-identical tensors.")
     convert.add_argument("--to", choices=("megatron", "hf"), required=True,
                          help="target format: 'megatron' reads a HF directory, 'hf' reads a directory of Megatron shards")
-    convert.add_argument("--src", required=True, help="source directory (HF: config.json + *.safetensors; Megatron: mp_rank_*/)")
+    convert.add_argument("--src", required=True, help="source directory (HF: config.json + *.safetensors; Megatron: mp_rank_*/ "
+                                                      "with hf_config/, e.g. an RL checkpoint's <megatron_training.save>/iter_NNNNNNN)")
     convert.add_argument("--dst", required=True, help="output directory (created)")
     convert.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the Megatron shards written (--to megatron)")
     convert.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the Megatron shards written (--to megatron)")

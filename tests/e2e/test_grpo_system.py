@@ -1,9 +1,11 @@
 """A short GRPO run across real processes: Redis, two rollout replicas, one reward, the trainer."""
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from tests.e2e.conftest import resolved_config, steps
+from tests.e2e.conftest import ROOT, resolved_config, steps
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
@@ -43,6 +45,20 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     assert summary["eval_prompts"]["test_accuracy"] == 40
     assert summary["test_accuracy_after"] - summary["test_accuracy_before"] >= 0.2, summary
     assert summary["accuracy_after"] > summary["accuracy_before"], summary
+
+    # The trained policy leaves the run as a Hugging Face model that plain vLLM serves as transformers does.
+    _exports_to_a_model_vllm_serves(log_dir.parent / "ckpt", iters, log_dir.parent / "exported")
+
+
+def _exports_to_a_model_vllm_serves(ckpt, step: int, out) -> None:
+    from rollout_harness import hf_greedy, load_hf_model, offline_vllm_generate
+
+    convert = subprocess.run([sys.executable, "-m", "services", "trainer", "convert", "--to", "hf",
+                              "--src", str(ckpt / f"iter_{step:07d}"), "--dst", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert convert.returncode == 0, convert.stderr[-3000:]
+    prompts = [[49, 43, 50, 61], [52, 45, 51, 61]]  # "1+2=", "4-3=" in the demo's byte tokens
+    hf = load_hf_model(out)
+    assert offline_vllm_generate(out, prompts, 8) == [hf_greedy(hf, p, 8) for p in prompts]
 
 
 def test_partial_rollout_resumes_truncated_samples(run_up):

@@ -65,3 +65,22 @@ def test_resume_without_checkpoint_says_so(hf_dir, tmp_path):
     model, optimizer, _ = make_run(hf_dir)
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         load_checkpoint(tmp_path, model, optimizer)
+
+
+def test_an_rl_checkpoint_exports_to_a_hugging_face_model_with_the_trained_weights(hf_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from services.trainer.modeling.checkpoint_convert import convert_megatron_to_hf
+    from services.trainer.modeling.model import ModelLayout
+    from services.trainer.weights.gather import gather_hf_weights
+
+    model, optimizer, batch = make_run(hf_dir)
+    update_policy(model, optimizer, batch, CFG, 0)
+    iteration = save_checkpoint(tmp_path / "ckpt", model, optimizer, TrainState(step=1), hf_dir=hf_dir)
+    exported = convert_megatron_to_hf(iteration, tmp_path / "hf")  # `dockrl trainer convert --to hf --src .../iter_0000001`
+    trained = gather_hf_weights(model, ModelLayout.from_hf_dir(hf_dir))
+    loaded = AutoModelForCausalLM.from_pretrained(exported, torch_dtype=torch.float32).state_dict()
+    assert set(trained) <= set(loaded)
+    assert all(torch.equal(loaded[name], trained[name].to(torch.float32)) for name in trained)
+    initial = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).state_dict()
+    assert not all(torch.equal(initial[name], loaded[name]) for name in trained)  # the update is in it

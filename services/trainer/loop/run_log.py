@@ -1,5 +1,5 @@
-"""What a person looks at after a run: TensorBoard scalars, a JSONL log, a PNG of the curves and one of
-the trainer's timeline."""
+"""What a person looks at after a run: TensorBoard scalars (and W&B), a JSONL log, a PNG of the curves
+and one of the run's timeline."""
 from __future__ import annotations
 
 import dataclasses

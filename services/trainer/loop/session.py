@@ -211,7 +211,7 @@ class TrainerSession:
 
     def _checkpoint_handler(self, path: str) -> tuple[str, int]:
         root = path or self.cfg.megatron_training.save
-        return str(save_checkpoint(root, self.model, self.optimizer, self._train_state())), self.step
+        return str(save_checkpoint(root, self.model, self.optimizer, self._train_state(), self.cfg.megatron_training.load)), self.step
 
     def save_checkpoint(self) -> pathlib.Path | None:
         """Saves to megatron_training.save (every rank takes part); None when no save directory is set."""
@@ -220,7 +220,7 @@ class TrainerSession:
             return None
         if self.critic is not None:
             self.critic.save(root, self._train_state())
-        return save_checkpoint(root, self.model, self.optimizer, self._train_state())
+        return save_checkpoint(root, self.model, self.optimizer, self._train_state(), self.cfg.megatron_training.load)
 
     def close(self) -> None:
         """Stops the control server and tears down the process groups."""

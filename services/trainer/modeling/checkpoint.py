@@ -82,9 +82,17 @@ def latest_step(root: str | pathlib.Path) -> int | None:
     return int(tracker.read_text().strip()) if tracker.exists() else None
 
 
-def save_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, state: TrainState) -> pathlib.Path:
-    """Writes this rank's shard of the checkpoint for `state.step` (every rank calls it); returns the iteration directory."""
+def save_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, state: TrainState,
+                    hf_dir: str | pathlib.Path | None = None) -> pathlib.Path:
+    """Writes this rank's shard of the checkpoint for `state.step` (every rank calls it); returns the iteration directory.
+
+    With `hf_dir` (the Hugging Face directory the run started from) the iteration directory also gets
+    its config and tokenizer in hf_config/, so `dockrl trainer convert --to hf` exports it as a model
+    transformers and vLLM load.
+    """
     import torch.distributed as dist
+
+    from services.trainer.modeling.checkpoint_convert import copy_hf_side_files
 
     path = checkpoint_file(root, state.step)
     if _is_data_parallel_leader():
@@ -106,6 +114,8 @@ def save_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, 
     if dist.is_initialized():
         dist.barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:
+        if hf_dir:
+            copy_hf_side_files(hf_dir, path.parent.parent / "hf_config")
         tracker = pathlib.Path(root) / TRACKER_FILE
         tracker.with_suffix(".tmp").write_text(str(state.step))
         os.replace(tracker.with_suffix(".tmp"), tracker)

@@ -150,11 +150,17 @@ def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.
     """Reads the shards save_megatron wrote, keyed by (pp_rank, tp_rank)."""
     from tqdm import tqdm
 
+    import numpy as np
+
     shards = {}
+    # An RL checkpoint's shard also holds the run's RNG state, numpy's among it: its array types are allowed, no other code.
+    numpy_state = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
     for f in tqdm(sorted(pathlib.Path(mg_dir).glob(f"mp_rank_*/{MEGATRON_FILE}")), desc="reading megatron shards", unit="shard"):
         parts = f.parent.name.split("_")[2:]
         tp_rank, pp_rank = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-        shards[(pp_rank, tp_rank)] = torch.load(f, map_location="cpu", weights_only=True)["model"]
+        with torch.serialization.safe_globals(numpy_state):
+            model = torch.load(f, map_location="cpu", weights_only=True)["model"]
+        shards[(pp_rank, tp_rank)] = {k: v for k, v in model.items() if not k.endswith("_extra_state")}
     if not shards:
         raise FileNotFoundError(f"{mg_dir}: no mp_rank_*/{MEGATRON_FILE}")
     return shards
@@ -188,6 +194,9 @@ def convert_hf_to_megatron(hf_dir: str | pathlib.Path, out_dir: str | pathlib.Pa
 def convert_megatron_to_hf(mg_dir: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.Path:
     """`dockrl trainer convert --to hf`: megatron shards (with their hf_config/) -> a HF directory."""
     side = pathlib.Path(mg_dir) / "hf_config"
+    if not (side / "config.json").exists():
+        raise FileNotFoundError(f"{side / 'config.json'}: missing; the shards need the model's Hugging Face config and tokenizer "
+                                "there (copy them from the directory the run started from, megatron_training.load)")
     layout = ModelLayout.from_hf_dir(side)
     return save_hf(megatron_to_hf(load_megatron(mg_dir), layout), out_dir, side)
 
