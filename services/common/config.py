@@ -106,7 +106,7 @@ class RLConfig:
     overlong_buffer_penalty_factor: float = 1.0  # penalty at rollout_max_tokens
     filter_groups_enable: bool = False  # DAPO dynamic sampling: drop groups whose metric has std 0
     filter_groups_metric: str = "acc"  # metric dynamic sampling looks at
-    filter_groups_max_batches: int = 10  # extra prompt batches dynamic sampling may draw per iteration
+    filter_groups_max_batches: int = 10  # prompt batches dynamic sampling may draw per iteration; -1: no limit
     verifier_function: tuple[str, ...] = ("base_acc",)  # rule verifiers, and `reward_model` for reward_config's model, summed into the reward
     verifier_weight: tuple[float, ...] = (1.0,)  # one weight per verifier_function entry
     verifier_parallel: int = 1  # verifier worker processes per reward replica
@@ -616,6 +616,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "
             f"when overlong_buffer_enable is true, got {rl.overlong_buffer}"
         )
+    if rl.filter_groups_max_batches == 0 or rl.filter_groups_max_batches < -1:
+        errors.append(f"rl_config.filter_groups_max_batches: must be -1 (no limit) or >= 1, got {rl.filter_groups_max_batches}")
     if rl.use_wandb and not rl.wandb_project:
         errors.append("rl_config.wandb_project: required with rl_config.use_wandb (the W&B project the run logs to)")
     if rl.behav_imp_weight_cap and rl.behav_imp_weight_cap <= 1:

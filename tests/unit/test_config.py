@@ -171,3 +171,10 @@ def test_profiler_ranks_take_all_or_a_list():
 def test_wandb_needs_its_project():
     with pytest.raises(ConfigError, match="rl_config.wandb_project: required with rl_config.use_wandb"):
         load_config(None, ["rl_config.use_wandb=true"])
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_filter_groups_max_batches_is_a_limit_or_minus_one(value):
+    with pytest.raises(ConfigError, match=r"rl_config.filter_groups_max_batches: must be -1 \(no limit\) or >= 1"):
+        load_config(None, [f"rl_config.filter_groups_max_batches={value}"])
+    assert load_config(None, ["rl_config.filter_groups_max_batches=-1"]).rl_config.filter_groups_max_batches == -1

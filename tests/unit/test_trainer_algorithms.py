@@ -139,6 +139,15 @@ def test_dynamic_sampler_stops_at_max_batches():
     assert sampler.done and len(sampler.kept) == 1
 
 
+def test_dynamic_sampler_without_a_batch_limit_draws_until_it_has_its_groups():
+    sampler = DynamicSampler(target_groups=2, n_samples_per_prompt=2, max_batches=-1)  # MindSpeed-RL's -1
+    for _ in range(50):  # batches with no informative group do not end it
+        sampler.add(torch.tensor([1.0, 1.0, 0.0, 0.0]))
+        assert not sampler.done
+    sampler.add(torch.tensor([1.0, 0.0, 0.0, 1.0]))
+    assert sampler.done and sampler.kept == [(50, 0), (50, 1)]
+
+
 DECOUPLED = PolicyLossConfig(0.2, 0.2, decoupled=True)
 
 

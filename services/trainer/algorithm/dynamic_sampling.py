@@ -22,7 +22,7 @@ class DynamicSampler:
 
     `add(metric)` takes one batch's per-sample metric [G*n] and keeps its informative groups;
     `done` once enough groups are kept or `max_batches` batches were seen (then training uses
-    what it has, as DAPO's filter_groups_max_batches says).
+    what it has, as DAPO's filter_groups_max_batches says); `max_batches` -1 sets no limit, as in MindSpeed-RL.
     """
 
     target_groups: int
@@ -43,4 +43,4 @@ class DynamicSampler:
 
     @property
     def done(self) -> bool:
-        return len(self.kept) >= self.target_groups or self.batches_seen >= self.max_batches
+        return len(self.kept) >= self.target_groups or (self.max_batches != -1 and self.batches_seen >= self.max_batches)
