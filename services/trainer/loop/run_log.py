@@ -46,9 +46,10 @@ def draw_timeline(runs: dict[str, list[dict]], path: str | pathlib.Path, iterati
     plt.close(fig)
 
 
-WORKER_STAGES = {"generate": ("rollout: generating a claim", "tab:purple"), "score": ("reward: scoring a claim", "tab:red"),
-                 "wait": ("trainer: waiting for scored groups", "tab:orange"), "train": ("trainer: update", "tab:blue"),
-                 "push": ("trainer: weight push", "tab:green")}
+# stage -> (legend, colour, row group: the trainer's rows first, then rollout, then reward)
+WORKER_STAGES = {"wait": ("trainer: waiting for scored groups", "tab:orange", 0), "train": ("trainer: update", "tab:blue", 0),
+                 "push": ("trainer: weight push", "tab:green", 0), "generate": ("rollout: generating a claim", "tab:purple", 1),
+                 "score": ("reward: scoring a claim", "tab:red", 2)}
 
 
 def draw_worker_timeline(spans: list[Span], path: str | pathlib.Path) -> list[str]:
@@ -61,18 +62,19 @@ def draw_worker_timeline(spans: list[Span], path: str | pathlib.Path) -> list[st
     import matplotlib.pyplot as plt
 
     origin = min(s.start for s in spans)
-    rank = {"wait": 0, "train": 0, "push": 0, "generate": 1, "score": 2}  # the trainer first, then rollout, then reward
-    workers = sorted({s.worker for s in spans}, key=lambda w: (min(rank.get(s.stage, 3) for s in spans if s.worker == w), w))
+    bars: dict[str, dict[str, list[tuple[float, float]]]] = {}  # worker -> stage -> (start, width)
+    for s in spans:
+        if s.stage in WORKER_STAGES:
+            bars.setdefault(s.worker, {}).setdefault(s.stage, []).append((s.start - origin, max(s.end - s.start, 1e-3)))
+    workers = sorted(bars, key=lambda w: (min(WORKER_STAGES[stage][2] for stage in bars[w]), w))
     fig, ax = plt.subplots(figsize=(14, 1.4 + 0.5 * len(workers)))
     for row, worker in enumerate(workers):
-        for stage, (_, color) in WORKER_STAGES.items():
-            bars = [(s.start - origin, max(s.end - s.start, 1e-3)) for s in spans if s.worker == worker and s.stage == stage]
-            if bars:
-                ax.broken_barh(bars, (row - 0.35, 0.7), facecolors=color, edgecolor="white", linewidth=0.3)
+        for stage, stage_bars in bars[worker].items():
+            ax.broken_barh(stage_bars, (row - 0.35, 0.7), facecolors=WORKER_STAGES[stage][1], edgecolor="white", linewidth=0.3)
     ax.set_yticks(range(len(workers)), workers)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first recorded span")
-    present = [stage for stage in WORKER_STAGES if any(s.stage == stage for s in spans)]
+    present = [stage for stage in WORKER_STAGES if any(stage in by_stage for by_stage in bars.values())]
     ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=WORKER_STAGES[s][1]) for s in present],
               labels=[WORKER_STAGES[s][0] for s in present], loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_title("run timeline: rollout replicas generating, reward scoring, the trainer waiting, training and pushing")
