@@ -1,4 +1,5 @@
 """A short GRPO run across real processes: Redis, two rollout replicas, one reward, the trainer."""
+import json
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,8 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     assert all(r["policy_lag/max"] == 0 for r in records)  # synchronous: max_staleness 0
     assert (log_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert (log_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+    trace = json.loads((log_dir / "timeline.trace.json").read_text())["traceEvents"]
+    assert sum(e["ph"] == "X" for e in trace) == sum(summary["timeline"]["stages"].values())
     # The picture's rows: each rollout replica's claims, the reward replica's batches, the trainer's three stages a step.
     timeline = summary["timeline"]
     assert timeline["stages"]["train"] == timeline["stages"]["push"] == iters and timeline["workers"]["trainer"] == 3 * iters

@@ -1,10 +1,12 @@
 """The run's timeline against a real Redis: spans in the order written, the newest kept, a lost write never an error."""
+import json
+
 import pytest
 import redis
 
 from services.dock import timeline as timeline_module
 from services.dock.timeline import Span, Timeline
-from services.trainer.loop.run_log import draw_worker_timeline
+from services.trainer.loop.run_log import draw_worker_timeline, write_trace
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.service
@@ -38,3 +40,16 @@ def test_the_picture_has_the_trainer_then_rollout_then_reward_rows(tmp_path):
     rows = draw_worker_timeline(spans, tmp_path / "timeline.png")
     assert rows == ["trainer", "rollout-a", "rollout-z", "reward-a", "reward-b"]
     assert (tmp_path / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_trace_has_one_process_per_worker_and_one_event_per_span(tmp_path):
+    spans = [Span("rollout-a", "generate", 1.0, 2.5, 8), Span("trainer", "wait", 1.0, 3.2),
+             Span("reward-a", "score", 2.5, 2.6, 4), Span("trainer", "train", 3.2, 4.0, 128)]
+    write_trace(spans, tmp_path / "timeline.trace.json")
+    events = json.loads((tmp_path / "timeline.trace.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert names[1] == "trainer" and sorted(names.values()) == ["reward-a", "rollout-a", "trainer"]
+    work = [(names[e["pid"]], e["name"], e["ts"], e["dur"], e["args"]["rows"]) for e in events if e["ph"] == "X"]
+    # microseconds, as Perfetto and chrome://tracing read them
+    assert work == [("rollout-a", "generate", 1_000_000, 1_500_000, 8), ("trainer", "wait", 1_000_000, 2_200_000, 0),
+                    ("reward-a", "score", 2_500_000, 100_000, 4), ("trainer", "train", 3_200_000, 800_000, 128)]

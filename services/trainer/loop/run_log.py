@@ -84,6 +84,18 @@ def draw_worker_timeline(spans: list[Span], path: str | pathlib.Path) -> list[st
     return workers
 
 
+def write_trace(spans: list[Span], path: str | pathlib.Path) -> None:
+    """Writes the spans as a Chrome trace (Trace Event Format): one process per worker, one complete
+    event per span, so the run can be zoomed into in Perfetto (ui.perfetto.dev) or chrome://tracing,
+    down to one claim, where timeline.png shows the whole run at once."""
+    workers = sorted({s.worker for s in spans}, key=lambda w: (w != "trainer", w))
+    pids = {w: i + 1 for i, w in enumerate(workers)}
+    events = [{"name": "process_name", "ph": "M", "pid": pids[w], "args": {"name": w}} for w in workers]
+    events += [{"name": s.stage, "ph": "X", "pid": pids[s.worker], "tid": 1, "ts": round(s.start * 1e6),
+                "dur": max(round((s.end - s.start) * 1e6), 1), "args": {"rows": s.rows}} for s in spans]
+    pathlib.Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+
+
 class RunLog:
     """Appends one record per step to metrics.jsonl, TensorBoard and (optionally) Weights & Biases; draws
     curves.png and timeline.png at the end."""
@@ -94,6 +106,7 @@ class RunLog:
         self.jsonl_path = self.dir / "metrics.jsonl"
         self.png_path = self.dir / "curves.png"
         self.timeline_path = self.dir / "timeline.png"
+        self.trace_path = self.dir / "timeline.trace.json"
         self._writer = None
         if use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -150,6 +163,7 @@ class RunLog:
         plt.close(fig)
         if spans:
             draw_worker_timeline(spans, self.timeline_path)
+            write_trace(spans, self.trace_path)
         else:
             draw_timeline({"trainer": records}, self.timeline_path,
                           title="trainer timeline: each iteration's wait for scored groups, update and weight push")
