@@ -34,6 +34,18 @@ class ResponseDecoder:
                     raise FailedPrecondition(f"megatron_training.tokenizer_name_or_path: cannot load {self.tokenizer_path!r}: {exc}") from None
             return self._tokenizer
 
+    def preload(self) -> None:
+        """Loads the tokenizer now, in a background thread, so the first scored batch does not wait
+        for transformers' import and the tokenizer's load (seconds on CPU); a tokenizer that cannot
+        load yet is loaded, or refused with its error, on first use as before."""
+        def load() -> None:
+            try:
+                self._load()
+            except FailedPrecondition:
+                pass
+
+        threading.Thread(target=load, name="tokenizer-preload", daemon=True).start()
+
     @property
     def vocab_size(self) -> int:
         """Token ids the tokenizer knows (specials included)."""

@@ -187,6 +187,8 @@ class RewardWorker:
         window = _Window(time.monotonic())
         waiting_for = ""
         log_event(logger, "dock worker started", replica=replica_id, consumer=self.consumer, run=self.dock.keys.base)
+        if self.decoder.available:  # meanwhile the dock is made and the rollout replicas start
+            self.decoder.preload()
         try:
             while not stop.is_set():
                 try:

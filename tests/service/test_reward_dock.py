@@ -153,3 +153,17 @@ def test_a_worker_that_cannot_decode_gives_its_rows_back(dock_factory, tokenizer
     assert owner.stats().leased[CONSUMER] == 0
     taken = RewardWorker(dock_factory(), PLAN, pool, ResponseDecoder(path), N).step()
     assert taken.indexes == rows and [float(s) for s in owner.read(rows, ["rm_scores"])["rm_scores"]] == [1.0] * N
+
+
+def test_the_tokenizer_loads_before_the_first_batch_and_a_missing_one_fails_only_at_use(tokenizer, tmp_path):
+    path, tok = tokenizer
+    decoder = ResponseDecoder(path)
+    decoder.preload()  # what the dock worker does at start, while the dock and the rollout replicas come up
+    deadline = time.monotonic() + 60
+    while decoder._tokenizer is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert decoder._tokenizer is not None and decoder.decode(tok.encode("7")) == "7"
+    missing = ResponseDecoder(str(tmp_path / "not-yet"))
+    missing.preload()  # the background load fails quietly; the first use says why
+    with pytest.raises(FailedPrecondition, match="tokenizer_name_or_path: cannot load"):
+        missing.decode([1])
