@@ -238,7 +238,7 @@ class DockConfig:
     reconnect_timeout_s: float = 60.0  # Redis unreachable: calls retry with backoff this long, then fail as Unavailable
     capacity_groups: int = 0  # group slots in the pool; 0: (max_staleness + 1) * GBS, one GBS more under partial rollout
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout (oldest first, ages) applies to
-    claim_poll_s: float = 0.05  # how often a waiting claim asks again
+    claim_poll_s: float = 0.05  # longest a waiting claim waits before asking again (a put or release of rows wakes it sooner)
     max_memory_mb: float = 0.0  # a put that would take Redis's used_memory past this is refused (ResourceExhausted); 0: no limit
     redis_sentinels: tuple[str, ...] = ()  # host:port of each Redis Sentinel; set: the dock asks them for the primary and follows failovers (redis_url stays empty)
     redis_sentinel_master: str = ""  # the master name the sentinels monitor (`sentinel monitor NAME ...`); needed with redis_sentinels

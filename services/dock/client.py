@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import ssl
 import threading
 import time
@@ -340,11 +341,13 @@ class Dock:
             lease_id = f"{self.holder}/{uuid.uuid4().hex}" if self.holder else uuid.uuid4().hex
             reply = self._write("claim", (consumer, lease_id, self._lease_ms, count, min_count, int(group),
                                           int(layout.guarantee_order), lo, hi, int(rollout), max_age,
-                                          int(partial and not rollout), len(columns), *columns, len(wanted), *wanted),
+                                          int(partial and not rollout), len(columns), *columns, len(wanted), *wanted,
+                                          self._wait_ms(deadline)),
                                 "claim", adopt=lambda reply: (consumer, lease_id, reply[2:2 + reply[1]]))
-            if reply[1] or time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if reply[1] or left <= 0:
                 break
-            time.sleep(self._poll_s)
+            self._await_wake(consumer, min(self._poll_s, left))
         rows = reply[1]
         if not rows:
             return None
@@ -352,6 +355,22 @@ class Dock:
         values = {name: [None if blob is None else codec.decode(blob) for blob in reply[2 + (2 + c) * rows:2 + (3 + c) * rows]]
                   for c, name in enumerate(wanted)}
         return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, values)
+
+    def _wait_ms(self, deadline: float) -> int:
+        """How long (ms) a claim that finds too few rows will wait for a wake-up before asking again; 0: it will not."""
+        left = deadline - time.monotonic()
+        return max(0, math.ceil(min(self._poll_s, left) * 1000)) if left > 0 else 0
+
+    def _await_wake(self, consumer: str, timeout_s: float) -> None:
+        """Waits up to `timeout_s` for a put or release to wake `consumer` (the claim that found
+        nothing listed it as waiting; the put pushes a token on its wake key), so the claim asks
+        again about a round trip after rows become ready instead of at its next poll. Each wait
+        stays at most one poll: a lease that expires wakes nobody, and replicas of one consumer
+        share its token."""
+        try:
+            self.client.blpop([self.keys.base + f"wake:{consumer}"], timeout=timeout_s)
+        except redis.RedisError:  # Redis away: the claim that follows says so, with its retries
+            time.sleep(timeout_s)
 
     def ack(self, lease: Lease, indexes: Sequence[int]) -> None:
         """Ends the lease on rows the consumer is done with and put nothing for (e.g. actor_train)."""

@@ -16,6 +16,8 @@ single-slot and atomic) and different runs spread over the cluster's nodes:
     done              hash   group id -> rows whose completion column is final
     version           hash   row index -> policy version of the last put that named one
     consumers         set    consumer names seen (so clear knows every key)
+    waiting           hash   consumer -> end of its claim's wait (ms), for consumers whose claim found too few rows
+    wake:{name}       list   a token for a waiting consumer {name} once rows were put or released (its claim's BLPOP)
 """
 from __future__ import annotations
 

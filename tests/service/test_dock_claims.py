@@ -219,3 +219,29 @@ def test_claims_take_the_lowest_free_groups_past_gaps_and_unready_rows(dock_fact
     dock.ack(reward.lease, reward.indexes)
     tail = dock.claim("rule_reward", ["prompts", "responses"], 300 * N)
     assert [i // N for i in tail.indexes[::N]] == list(range(12, 300))
+
+
+
+def test_a_waiting_claim_is_woken_by_a_put_or_a_release_not_by_its_next_poll(dock_factory, redis_url):
+    owner = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=4))
+    # a poll of 30 s: a claim that gets its rows within seconds was woken
+    waiter = Dock(redis.Redis.from_url(redis_url), owner.keys.prefix, owner.keys.run_id, poll_s=30.0)
+
+    def claim_while(change) -> list[int]:
+        got = []
+        thread = threading.Thread(target=lambda: got.append(waiter.claim("actor_rollout", ["prompts"], N, timeout_s=60)))
+        started = time.monotonic()
+        thread.start()
+        time.sleep(0.5)  # the claim found nothing and waits
+        change()
+        thread.join(20)
+        assert not thread.is_alive() and got[0] is not None, "the waiting claim slept through the change"
+        assert time.monotonic() - started < 15
+        return got[0].indexes
+
+    # prompts put
+    assert claim_while(lambda: _fill_prompts(owner, [0])) == owner.rows_of([0])
+    # rows another replica of the consumer held and gave back unprocessed (it stopped)
+    _fill_prompts(owner, [1])
+    rival = owner.claim("actor_rollout", ["prompts"], N)
+    assert claim_while(lambda: owner.release(rival.lease, rival.indexes)) == owner.rows_of([1])

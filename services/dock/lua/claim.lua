@@ -1,5 +1,5 @@
 -- claim: ARGV caller (lib.lua), consumer, lease_id, lease_ms, count, min_count, by_group, ordered, lo, hi,
--- stop_at_target, max_age, whole_groups, ncols, columns[ncols], nread, read_columns[nread].
+-- stop_at_target, max_age, whole_groups, ncols, columns[ncols], nread, read_columns[nread], wait_ms.
 -- Picks up to `count` rows whose columns are final and that `consumer` has not claimed, leases
 -- them until now + lease_ms, and returns {deadline, nrows, rows[nrows], ages[nrows], then the
 -- values of each read column at those rows (false: not stored)}: values come back in the same
@@ -7,6 +7,8 @@
 -- ordered: the next rows of [lo, hi) in index order, or nothing while those are not ready.
 -- otherwise: groups oldest first (age desc), then by group id. After the iteration's target of
 -- complete groups is reached (stop_at_target), only groups of age >= max_age stay claimable.
+-- A claim that finds too few rows and whose caller will wait (wait_ms > 0) is listed in `waiting`
+-- until then, so the next put or release wakes it (lib.lua's wake_consumers).
 local meta, err = open(ARGV[1])
 if not meta then return err end
 local consumer, lease_id = ARGV[2], ARGV[3]
@@ -130,7 +132,11 @@ else
     end
   end
 end
-if #picked < min_count or #picked == 0 then return {0, 0} end
+if #picked < min_count or #picked == 0 then
+  local wait_ms = tonumber(ARGV[#ARGV])
+  if wait_ms > 0 then redis.call('HSET', k('waiting'), consumer, now + wait_ms) end
+  return {0, 0}
+end
 
 local deadline = now + lease_ms
 local leases, owners = {}, {}

@@ -52,5 +52,8 @@ if action == 'renew' then
 end
 batched('ZREM', lease_key, rows)
 batched('HDEL', k('owner:' .. consumer), rows)
-if action == 'release' then set_bits(k('consumed:' .. consumer), rows, 0) end
+if action == 'release' then
+  set_bits(k('consumed:' .. consumer), rows, 0)
+  wake_consumers()
+end
 return #rows

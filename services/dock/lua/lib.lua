@@ -206,8 +206,26 @@ local function drop_rows(meta, rows)
 end
 
 -- Deletes every data key of the run: every row's values, flags, leases, ages (not meta).
+-- Wakes the consumers whose claims found nothing and wait (claim.lua put them in `waiting` with
+-- the end of their wait): one token on each one's wake key, which its BLPOP in client.py takes.
+-- A token nobody took (the wait ended first) goes a second after the wait's end.
+local function wake_consumers()
+  local waiting = redis.call('HGETALL', k('waiting'))
+  if #waiting == 0 then return end
+  local now = now_ms()
+  for i = 1, #waiting, 2 do
+    local until_ms = tonumber(waiting[i + 1])
+    if until_ms > now then
+      local key = k('wake:' .. waiting[i])
+      redis.call('RPUSH', key, 1)
+      redis.call('PEXPIREAT', key, until_ms + 1000)
+    end
+  end
+  redis.call('DEL', k('waiting'))
+end
+
 local function delete_pool(meta)
-  local keys = {k('live'), k('version'), k('rowage'), k('age'), k('done')}
+  local keys = {k('live'), k('version'), k('rowage'), k('age'), k('done'), k('waiting')}
   local capacity = tonumber(meta.capacity)
   for _, column in ipairs(layout_columns()) do
     keys[#keys + 1] = k('ready:' .. column.name)
@@ -217,6 +235,7 @@ local function delete_pool(meta)
     keys[#keys + 1] = k('consumed:' .. consumer)
     keys[#keys + 1] = k('lease:' .. consumer)
     keys[#keys + 1] = k('owner:' .. consumer)
+    keys[#keys + 1] = k('wake:' .. consumer)
   end
   delete_keys(keys)
 end

@@ -101,4 +101,5 @@ if consumer ~= '' then
     batched('ZADD', k('age'), aged, 'GT')
   end
 end
+wake_consumers()
 return nrows
