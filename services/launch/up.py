@@ -111,7 +111,8 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
                 name = failed[0].name if failed else spec.name
                 log_event(logger, "service failed to start", service=name, log_tail=group.log_tail(name))
                 return 1
-            log_event(logger, "serving", service=spec.name, address=address)
+            # the start-up's parts: each service in turn, from the moment all of them were started
+            log_event(logger, "serving", service=spec.name, address=address, seconds_after_start=f"{time.monotonic() - services_started:.1f}")
         rl = cfg.rl_config
         algorithm = "PPO" if rl.adv_estimator == "gae" else "DAPO" if rl.filter_groups_enable or rl.clip_higher_enable else "GRPO"
         columns = (TextColumn(f"[bold]{algorithm}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
