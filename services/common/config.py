@@ -78,7 +78,7 @@ class RLConfig:
     """Algorithm settings (rl_config), with MindSpeed-RL's names and defaults."""
 
     n_samples_per_prompt: int = 1  # responses per prompt (the group size n)
-    max_prompt_length: int = 2048  # longest prompt in tokens
+    max_prompt_length: int = 2048  # longest prompt in tokens: the trainer leaves longer ones out (counted in summary.json), a dock put refuses them
     adv_estimator: str = "group_norm"  # group_norm | gae
     kl_penalty: str = "low_var_kl"  # kl (k1) | abs | mse | low_var_kl
     kl_ctrl_type: str = "fixed"  # KL coefficient control (fixed)

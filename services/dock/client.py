@@ -270,7 +270,8 @@ class Dock:
         `append=True` appends 1-D variable-length columns to what is stored. With a lease the put
         is refused (StaleLease) when the lease no longer holds a row. `version` is the policy version.
         With `dock.max_memory_mb` set, a put that would take Redis's used_memory past it is refused
-        whole (ResourceExhausted).
+        whole (ResourceExhausted). A prompt longer than the layout's max_prompt_length is refused
+        (InvalidArgument naming the row), and nothing of the put is written.
         """
         rows = self._check_indexes(indexes)
         if not columns:
@@ -291,6 +292,9 @@ class Dock:
                 array = codec.to_array(value, spec.dtype, field)
                 if not isinstance(array, str):
                     spec.check_shape(array.shape, field)
+                if name == "prompts" and 0 < self.layout.max_prompt_length < len(array):
+                    raise InvalidArgument(field, f"a prompt of {len(array)} tokens is over rl_config.max_prompt_length = "
+                                                 f"{self.layout.max_prompt_length}")
                 blobs.append(codec.encode(array))
         # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
         self._write("put", (lease.consumer if lease else "", lease.lease_id if lease else "",

@@ -94,6 +94,7 @@ class DockLayout:
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout applies to
     completion_column: str = "responses"  # a group is complete when this is final on all n rows
     dispatch_sizes: dict[str, int] = field(default_factory=dict)  # consumer -> rows per claim when none given
+    max_prompt_length: int = 0  # a put of a longer `prompts` value is refused (rl_config.max_prompt_length); 0: no limit
 
     def __post_init__(self):
         names = [c.name for c in self.columns]
@@ -144,6 +145,7 @@ class DockLayout:
             require_max_age_all_finished=rl.require_max_age_all_finished,
             rollout_consumer=cfg.dock.rollout_consumer,
             dispatch_sizes={consumer: getattr(rl, key) for consumer, key in DISPATCH_SIZE_KEYS.items()},
+            max_prompt_length=rl.max_prompt_length,
         )
 
 

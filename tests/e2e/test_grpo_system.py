@@ -29,6 +29,7 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     assert acc["rows_put"] == acc["rows_trained"] == iters * gbs * n and acc["from_step"] == 1
     assert acc["groups_trained"] == iters * gbs and acc["rows_dropped"] == 0
     assert summary["dock"]["requeued"] == 0
+    assert summary["prompts"]["over_max_prompt_length"] == 0 and summary["prompts"]["trained_from"] > 0
 
     # Both replicas took every push, and rollout and trainer agree on the same weights.
     assert all(r["weight_sync/replicas"] == 2 for r in records)

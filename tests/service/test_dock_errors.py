@@ -66,6 +66,18 @@ def test_bad_input_raises_a_clear_error_and_changes_nothing(dock, call, error, m
                     _snapshot(dock) == before)
 
 
+def test_a_prompt_over_max_prompt_length_is_refused_naming_the_row_and_nothing_is_written(dock_factory, fault_log):
+    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=2, max_prompt_length=3))
+    before = _snapshot(dock)
+    with pytest.raises(InvalidArgument, match=r"columns.prompts\[2\]: a prompt of 4 tokens is over rl_config.max_prompt_length = 3"):
+        dock.put(list(range(4)), {"prompts": [[1], [1, 2, 3], [1, 2, 3, 4], [1]]})
+    unchanged = _snapshot(dock) == before
+    dock.put(list(range(4)), {"prompts": [[1], [1, 2, 3], [1, 2], [1]]})  # at the limit: taken
+    fault_log.check("dock input", "a put whose third prompt is one token over max_prompt_length",
+                    "InvalidArgument naming the row and the key, nothing written; prompts at the limit taken",
+                    f"keys {'unchanged' if unchanged else 'CHANGED'}", unchanged)
+
+
 def test_a_bad_value_late_in_a_put_writes_none_of_the_good_ones(dock, fault_log):
     before = _snapshot(dock)
     values = [np.arange(3, dtype=np.float32)] * 7 + [np.arange(3, dtype=np.float64)]

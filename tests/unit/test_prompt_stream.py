@@ -1,6 +1,8 @@
-"""Prompt order: seeded epochs, and a cursor that resumes where it stopped."""
+"""Prompt order: seeded epochs, and a cursor that resumes where it stopped; prompts over the limit left out."""
 from services.common.preprocess import PromptRecord
-from services.trainer.loop.prompt_stream import PromptStream
+import pytest
+
+from services.trainer.loop.prompt_stream import PromptStream, within_prompt_limit
 
 RECORDS = [PromptRecord(i, f"p{i}", [i], str(i)) for i in range(10)]
 
@@ -23,3 +25,11 @@ def test_epochs_cover_every_prompt_and_resume_is_identical():
 
 def test_index_order_without_shuffle():
     assert [r.index for r in PromptStream(RECORDS, seed=0, shuffle=False).take(12)] == list(range(10)) + [0, 1]
+
+
+def test_prompts_over_max_prompt_length_are_left_out_and_counted():
+    records = [PromptRecord(i, f"p{i}", list(range(length)), "1") for i, length in enumerate([3, 9, 4, 5, 12])]
+    kept, over = within_prompt_limit(records, 5)
+    assert [r.index for r in kept] == [0, 2, 3] and over == 2
+    with pytest.raises(ValueError, match=r"rl_config.max_prompt_length: all 5 prompts are longer than 2 tokens \(the shortest has 3, the longest 12\)"):
+        within_prompt_limit(records, 2)

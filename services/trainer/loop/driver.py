@@ -26,6 +26,7 @@ from services.common.auth import resolve_token
 from services.common.config import Config
 from services.common.log import log_event, setup_logging
 from services.common.preprocess import load_prompts
+from services.trainer.loop.prompt_stream import within_prompt_limit
 from services.dock.scripts import DockMissing
 from services.trainer.modeling.checkpoint import latest_step
 from services.trainer.modeling.cpu_shims import accelerator_present
@@ -55,10 +56,12 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         log_event(logger, "cpu threads", threads=torch.get_num_threads())
     token = resolve_token(cfg.auth)
     mt = cfg.megatron_training
-    prompts = load_prompts(mt.data_path)
+    prompts, over_limit = within_prompt_limit(load_prompts(mt.data_path), cfg.rl_config.max_prompt_length)
+    if over_limit:
+        log_event(logger, "prompts over rl_config.max_prompt_length left out", count=over_limit, kept=len(prompts))
     session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
     model_ready = time.perf_counter()
-    leader = RunLeader(cfg, token, prompts, session.prompt_cursor, resume) if session.is_leader else None
+    leader = RunLeader(cfg, token, prompts, session.prompt_cursor, resume, over_limit) if session.is_leader else None
     profiler = StepProfiler.from_config(cfg, dist.get_rank() if dist.is_initialized() else 0)
     try:
         weights = session.gather_weights()  # a collective: every rank takes part

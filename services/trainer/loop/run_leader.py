@@ -35,8 +35,10 @@ class RunLeader:
     """What rank 0 does around the collectives: admit prompts and collect scored groups, push
     weights, evaluate, and record every step."""
 
-    def __init__(self, cfg: Config, token: str, prompts: list[PromptRecord], prompt_cursor: int, resume: bool):
+    def __init__(self, cfg: Config, token: str, prompts: list[PromptRecord], prompt_cursor: int, resume: bool,
+                 prompts_over_limit: int = 0):
         self.cfg = cfg
+        self.prompts = {"trained_from": len(prompts), "over_max_prompt_length": prompts_over_limit}
         self.token = token
         self.dock = Dock.from_config(cfg, token=token)
         if not resume or not self.dock.client.exists(self.dock.keys.meta):
@@ -119,7 +121,7 @@ class RunLeader:
         self.run_log.plot(spans)
         summary = {"steps": step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
                    "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
-                   "eval_prompts": {k: len(v) for k, v in self.eval_sets.items()},
+                   "eval_prompts": {k: len(v) for k, v in self.eval_sets.items()}, "prompts": self.prompts,
                    # this process's count: a run resumed with --resume counts from its first step here
                    "accounting": {**self.accounting.__dict__, "from_step": first_step}, "dock": self.dock.stats().__dict__,
                    # spans in timeline.png, per stage and per worker
