@@ -81,8 +81,10 @@ class RLConfig:
     max_prompt_length: int = 2048  # longest prompt in tokens: the trainer leaves longer ones out (counted in summary.json), a dock put refuses them
     adv_estimator: str = "group_norm"  # group_norm | gae
     kl_penalty: str = "low_var_kl"  # kl (k1) | abs | mse | low_var_kl
-    kl_ctrl_type: str = "fixed"  # KL coefficient control (fixed)
-    init_kl_coef: float = 0.001  # KL penalty coefficient
+    kl_ctrl_type: str = "fixed"  # fixed: the KL coefficient stays init_kl_coef; adaptive: it moves each step to keep the KL near kl_target
+    init_kl_coef: float = 0.001  # KL penalty coefficient (the adaptive controller's start)
+    kl_target: float = 100.0  # adaptive: the KL per token the coefficient steers toward (MindSpeed-RL's default)
+    kl_horizon: int = 1000  # adaptive: samples over which the coefficient may change by up to 20% (MindSpeed-RL's default)
     use_kl_in_reward: bool = False  # subtract the KL penalty from the reward (PPO) instead of the loss
     gamma: float = 1.0  # GAE discount
     lam: float = 0.95  # GAE lambda
@@ -575,7 +577,14 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_choice(errors, "generate_config.dtype", gen.dtype, ("float32", "bfloat16", "float16"))
     _check_choice(errors, "rl_config.adv_estimator", rl.adv_estimator, ("group_norm", "gae"))
     _check_choice(errors, "rl_config.kl_penalty", rl.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
-    _check_choice(errors, "rl_config.kl_ctrl_type", rl.kl_ctrl_type, ("fixed",))
+    _check_choice(errors, "rl_config.kl_ctrl_type", rl.kl_ctrl_type, ("fixed", "adaptive"))
+    if rl.kl_ctrl_type == "adaptive":
+        if rl.init_kl_coef <= 0:
+            errors.append(f"rl_config.init_kl_coef: the adaptive KL controller scales the coefficient, so it needs one > 0, got {rl.init_kl_coef!r}")
+        if rl.kl_target <= 0:
+            errors.append(f"rl_config.kl_target: must be > 0 for kl_ctrl_type adaptive, got {rl.kl_target!r}")
+        if rl.kl_horizon < 1:
+            errors.append(f"rl_config.kl_horizon: must be >= 1 for kl_ctrl_type adaptive, got {rl.kl_horizon!r}")
     _check_choice(errors, "megatron_training.lr_decay_style", mt.lr_decay_style, ("constant", "linear", "cosine"))
     _check_choice(errors, "megatron_training.distributed_backend", mt.distributed_backend, ("auto", "gloo", "nccl", "hccl"))
     _check_choice(errors, "trainer.push_mode", cfg.trainer.push_mode, ("fanout", "chain"))

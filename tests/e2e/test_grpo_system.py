@@ -101,14 +101,23 @@ def test_dapo_runs_end_to_end_with_dynamic_sampling(run_up):
     assert all(r["dynamic_sampling/rounds"] >= 1 for r in records)
 
 
-def test_ppo_runs_end_to_end_with_a_critic(run_up):
+def test_ppo_runs_end_to_end_with_a_critic_and_the_adaptive_kl_controller(run_up):
     iters = 3
     metrics, summary, log_dir = run_up(
         f"megatron_training.train_iters={iters}", "trainer.eval_data_path=", "trainer.test_data_path=",
         "rl_config.adv_estimator=gae", "rl_config.use_kl_in_reward=true", "rl_config.init_kl_coef=0.01",
+        "rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=0.0001", "rl_config.kl_horizon=256",
         "rl_config.mini_batch_size=64", "rl_config.epochs=2")
     records = steps(metrics)
     assert len(records) == iters
     assert all(r["critic/optimizer_steps"] == 4 and r["actor/optimizer_steps"] == 4 for r in records)
     assert all(r["critic/vf_loss"] > 0 for r in records)
+    # The coefficient starts at init_kl_coef and moves after each step by the reward's KL against
+    # the target: x (1 + clip(kl / target - 1, -0.2, 0.2) * 128 samples / kl_horizon).
+    coef = [r["actor/kl_coef"] for r in records]
+    assert coef[0] == pytest.approx(0.01)
+    for r, after in zip(records, coef[1:]):
+        error = min(max(r["actor/reward_kl_penalty"] / 0.0001 - 1, -0.2), 0.2)
+        assert after == pytest.approx(r["actor/kl_coef"] * (1 + error * 128 / 256), rel=1e-5)
+    assert len(set(coef)) == iters  # it moved at every step
     assert (log_dir / "summary.json").exists() and summary["accounting"]["rows_trained"] == summary["accounting"]["rows_put"]

@@ -104,6 +104,11 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2}, "dock": {"min_replicas_acked": 1, "replica_ack_timeout_s": 30}},
      r"dock\.replica_ack_timeout_s: 30\.0 must be below dock\.socket_timeout_s 30\.0"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "dock": {"replica_ack_timeout_s": 0}}, r"dock\.replica_ack_timeout_s: must be > 0, got 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "pid"}}, r"rl_config\.kl_ctrl_type: 'pid' is not one of"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "adaptive", "init_kl_coef": 0.0}},
+     r"rl_config\.init_kl_coef: the adaptive KL controller scales the coefficient, so it needs one > 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "adaptive", "kl_target": 0}}, r"rl_config\.kl_target: must be > 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "adaptive", "kl_horizon": 0}}, r"rl_config\.kl_horizon: must be >= 1"),
 ])
 def test_bad_config_names_the_key(data, match):
     with pytest.raises(ConfigError, match=match):

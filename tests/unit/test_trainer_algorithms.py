@@ -6,7 +6,7 @@ import torch
 
 from services.trainer.algorithm.advantages import gae_advantages, group_norm_advantages
 from services.trainer.algorithm.dynamic_sampling import DynamicSampler, informative_groups
-from services.trainer.algorithm.kl import kl_penalty
+from services.trainer.algorithm.kl import KLController, kl_penalty
 from services.trainer.algorithm.losses import PolicyLossConfig, policy_loss, value_loss
 
 
@@ -202,3 +202,16 @@ def test_a_far_out_log_ratio_with_a_zero_advantage_gives_a_finite_loss():
     out.loss.backward()
     assert math.isfinite(out.loss.item()) and out.loss.item() == pytest.approx(-0.5)
     assert torch.isfinite(logp.grad).all()
+
+
+def test_the_adaptive_kl_coefficient_moves_toward_the_target_by_at_most_a_fifth_per_horizon():
+    fixed = KLController(0.05)
+    fixed.update(kl=3.0, samples=128)
+    assert fixed.value == 0.05
+    ctrl = KLController(0.1, target=0.02, horizon=1000)
+    ctrl.update(kl=0.025, samples=128)  # 25% over the target: error clipped to 0.2
+    assert ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 128 / 1000))
+    ctrl.update(kl=0.019, samples=128)  # 5% under: error -0.05
+    assert ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 128 / 1000) * (1 - 0.05 * 128 / 1000))
+    ctrl.update(kl=0.0, samples=500)  # no KL at all: the largest step down, scaled by the samples
+    assert ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 0.128) * (1 - 0.05 * 0.128) * (1 - 0.2 * 0.5))

@@ -36,13 +36,13 @@ def test_resume_gives_the_uninterrupted_next_steps(hf_dir, tmp_path):
     model, optimizer, batch = make_run(hf_dir)
     for step in range(2):
         update_policy(model, optimizer, batch, CFG, step)
-    save_checkpoint(tmp_path, model, optimizer, TrainState(step=2, policy_version=2, data=DataCursor(0, 16)))
+    save_checkpoint(tmp_path, model, optimizer, TrainState(step=2, policy_version=2, data=DataCursor(0, 16), kl_coef=0.0123))
     draw_after_save = torch.rand(3)
     uninterrupted = [update_policy(model, optimizer, batch, CFG, step).metrics for step in (2, 3)]
 
     model, optimizer, batch = make_run(hf_dir)  # fresh weights and optimizer, as after a restart
     state = load_checkpoint(tmp_path, model, optimizer)
-    assert state == TrainState(step=2, policy_version=2, data=DataCursor(0, 16))
+    assert state == TrainState(step=2, policy_version=2, data=DataCursor(0, 16), kl_coef=0.0123)  # where the adaptive KL controller was
     assert torch.equal(torch.rand(3), draw_after_save)
     resumed = [update_policy(model, optimizer, batch, CFG, step).metrics for step in (state.step, state.step + 1)]
     for a, b in zip(uninterrupted, resumed):

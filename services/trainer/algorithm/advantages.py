@@ -79,17 +79,19 @@ class PPOTargets:
 
 
 def ppo_targets(scores: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor, rl,
-                old_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None) -> PPOTargets:
+                old_logprobs: torch.Tensor | None = None, ref_logprobs: torch.Tensor | None = None,
+                kl_coef: float | None = None) -> PPOTargets:
     """Token rewards (with the KL penalty when rl.use_kl_in_reward), then GAE with rl.gamma / rl.lam.
 
     `rl` is the rl_config section; with use_kl_in_reward the KL is rl.kl_penalty of the rollout
-    policy's log-probs (`old_logprobs`) against the reference's, scaled by rl.init_kl_coef.
+    policy's log-probs (`old_logprobs`) against the reference's, scaled by `kl_coef` (the KL
+    controller's value; rl.init_kl_coef when not given).
     """
     kl = None
     if rl.use_kl_in_reward:
         if old_logprobs is None or ref_logprobs is None:
             raise ValueError("rl_config.use_kl_in_reward: needs the old and the reference log-probs")
         kl = kl_penalty(old_logprobs.float(), ref_logprobs.float(), rl.kl_penalty) * response_mask.float()
-    rewards = token_level_rewards(scores, response_mask, kl, rl.init_kl_coef)
+    rewards = token_level_rewards(scores, response_mask, kl, rl.init_kl_coef if kl_coef is None else kl_coef)
     advantages, returns = gae_advantages(rewards, values.float(), response_mask, rl.gamma, rl.lam)
     return PPOTargets(rewards, advantages, returns, kl)

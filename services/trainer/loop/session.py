@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from services.trainer.modeling.data_parallel import data_parallel_rank_size
 from services.trainer.loop.control import TrainerControl
 from services.trainer.loop.determinism import enable_determinism
 from services.trainer.algorithm.critic import Critic
+from services.trainer.algorithm.kl import KLController
 from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
 from services.trainer.algorithm.masked import masked_mean
@@ -84,6 +85,7 @@ class TrainerSession:
     update_cfg: UpdateConfig
     control: TrainerControl
     critic: Critic | None = None  # PPO (adv_estimator: gae)
+    kl_ctrl: KLController = field(default_factory=lambda: KLController(0.0))
     server: Any = None
     step: int = 0
     version: int = 0
@@ -122,13 +124,15 @@ class TrainerSession:
         optimizer = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
         control = TrainerControl(mt.train_iters)
         session = cls(cfg, token, layout, model, ref_model, optimizer, update_cfg, control,
-                      num_prompts=max(1, num_prompts))
+                      num_prompts=max(1, num_prompts), kl_ctrl=KLController.from_rl_config(rl))
         if rl.adv_estimator == "gae":
             session.critic = Critic.build(cfg, layout, hf_state, dtype, mt.train_iters * steps_per_iter)
         if resume and mt.save and latest_step(mt.save) is not None:
             state = load_checkpoint(mt.save, model, optimizer)
             session.step, session.version = state.step, state.policy_version
             session.prompt_cursor = state.data.epoch * session.num_prompts + state.data.next_prompt_index
+            if state.kl_coef is not None:  # where the adaptive controller had moved it
+                session.kl_ctrl.value = state.kl_coef
             if session.critic is not None:
                 session.critic.load(mt.save, state.step)
         if session.is_leader:
@@ -178,17 +182,27 @@ class TrainerSession:
         if ppo:
             with record_function("critic_compute_values"):
                 values = self.critic.values(samples, fwd).float().cpu()
-            targets = ppo_targets(scores, values, mask, rl, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs)
+            targets = ppo_targets(scores, values, mask, rl, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
+                                  kl_coef=self.kl_ctrl.value)
             advantages = targets.advantages
             if rl.use_kl_in_reward:
                 ref_logprobs = None  # the KL is in the reward already, not in the loss
         else:
             advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
         behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
+        update_cfg = self.update_cfg
+        if self.kl_ctrl.target and not rl.use_kl_in_reward:  # the adaptive coefficient of the loss's KL term
+            update_cfg = replace(update_cfg, loss=replace(update_cfg.loss, kl_coef=self.kl_ctrl.value))
         with record_function("actor_update"):  # its first micro-batches' log-probs are the old policy's (no separate pass)
             out = update_policy(self.model, self.optimizer,
-                                TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), self.update_cfg, step)
+                                TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), update_cfg, step)
         metrics.update({f"actor/{k}": v for k, v in out.metrics.as_dict().items()})
+        if self.ref_model is not None:
+            metrics["actor/kl_coef"] = self.kl_ctrl.value  # the coefficient this step used
+            kl = out.metrics.kl
+            if ppo and rl.use_kl_in_reward:  # verl's name for the KL the reward was penalised by
+                kl = metrics["actor/reward_kl_penalty"] = float(masked_mean(targets.kl, mask))
+            self.kl_ctrl.update(kl, len(batch.responses))
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
         if ppo:
@@ -207,7 +221,7 @@ class TrainerSession:
 
     def _train_state(self) -> TrainState:
         epoch, index = divmod(self.prompt_cursor, self.num_prompts)
-        return TrainState(self.step, self.version, DataCursor(epoch, index))
+        return TrainState(self.step, self.version, DataCursor(epoch, index), self.kl_ctrl.value)
 
     def _checkpoint_handler(self, path: str) -> tuple[str, int]:
         root = path or self.cfg.megatron_training.save

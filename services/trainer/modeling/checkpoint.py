@@ -40,6 +40,7 @@ class TrainState:
     step: int = 0  # iterations completed
     policy_version: int = 0  # weights version last pushed to rollout
     data: DataCursor = field(default_factory=DataCursor)
+    kl_coef: float | None = None  # the KL controller's coefficient (it moves under kl_ctrl_type adaptive)
 
 
 def _rng_state() -> dict:
@@ -143,7 +144,8 @@ def load_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, 
         optimizer.load_sharded_state(path.parent / DISTRIBUTED_OPTIMIZER_FILE)
     _set_rng_state(payload["rng_state"])
     saved = payload["train_state"]
-    return TrainState(step=saved["step"], policy_version=saved["policy_version"], data=DataCursor(**saved["data"]))
+    return TrainState(step=saved["step"], policy_version=saved["policy_version"], data=DataCursor(**saved["data"]),
+                      kl_coef=saved.get("kl_coef"))
 
 
 def checkpoint_handler(default_root: str, model, optimizer: ModelOptimizer, current_state: Callable[[], TrainState]):
