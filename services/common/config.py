@@ -93,7 +93,8 @@ class RLConfig:
     clip_ratio_low: float = 0.2  # lower clip range with clip-higher
     clip_ratio_high: float = 0.28  # upper clip range with clip-higher
     clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
-    token_level_loss: bool = True  # average the loss over tokens of the batch (DAPO) rather than per sequence
+    token_level_loss: bool = True  # average the loss over tokens of the batch (DAPO) rather than per sequence; loss_agg_mode, when set, decides
+    loss_agg_mode: str = ""  # verl's names: token-mean | seq-mean-token-mean | seq-mean-token-sum (Dr. GRPO); empty: token_level_loss decides
     entropy_coeff: float = 0.0  # entropy bonus coefficient
     cliprange_value: float = 0.5  # critic value clip range (PPO)
     mini_batch_size: int | None = None  # samples per update; default GBS * n
@@ -436,6 +437,9 @@ def _build(cls: type, data: dict, path: str, errors: list[str]) -> Any:
 # ---------------------------------------------------------------- validation
 
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # rl_config.loss_agg_mode, verl's names
+
+
 def _check_choice(errors: list[str], path: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         errors.append(f"{path}: {value!r} is not one of {', '.join(choices)}")
@@ -578,6 +582,10 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_choice(errors, "rl_config.adv_estimator", rl.adv_estimator, ("group_norm", "gae"))
     _check_choice(errors, "rl_config.kl_penalty", rl.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
     _check_choice(errors, "rl_config.kl_ctrl_type", rl.kl_ctrl_type, ("fixed", "adaptive"))
+    if rl.loss_agg_mode:
+        _check_choice(errors, "rl_config.loss_agg_mode", rl.loss_agg_mode, LOSS_AGG_MODES)
+        if rl.loss_agg_mode == "token-mean" and not rl.token_level_loss:
+            errors.append("rl_config.loss_agg_mode: token-mean contradicts token_level_loss: false; set one of them")
     if rl.kl_ctrl_type == "adaptive":
         if rl.init_kl_coef <= 0:
             errors.append(f"rl_config.init_kl_coef: the adaptive KL controller scales the coefficient, so it needs one > 0, got {rl.init_kl_coef!r}")

@@ -90,10 +90,23 @@ def test_token_level_vs_sequence_mean_aggregation():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     adv = torch.tensor([[-1.0, -3.0, 0.0], [-5.0, 0.0, 0.0]])  # ratio 1: per-token loss = -A
     zeros = torch.zeros(2, 3)
-    token = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(token_level_loss=True))
-    seq = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(token_level_loss=False))
+    token = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(agg="token-mean"))
+    seq = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(agg="seq-mean-token-mean"))
+    seq_sum = policy_loss(zeros, zeros, adv, mask, PolicyLossConfig(agg="seq-mean-token-sum"))
     assert token.loss.item() == pytest.approx(3.0)  # (1 + 3 + 5) / 3
     assert seq.loss.item() == pytest.approx(3.5)  # (2 + 5) / 2
+    assert seq_sum.loss.item() == pytest.approx(4.5)  # ((1 + 3) + 5) / 2: a longer answer weighs more (Dr. GRPO)
+
+
+def test_the_loss_aggregation_comes_from_loss_agg_mode_or_else_token_level_loss():
+    from services.common.config import config_from_dict
+
+    def agg(**rl):
+        return PolicyLossConfig.from_rl_config(config_from_dict({"rl_config": {"n_samples_per_prompt": 2, **rl}}).rl_config, 0.0).agg
+
+    assert agg() == "token-mean" and agg(token_level_loss=False) == "seq-mean-token-mean"
+    assert agg(loss_agg_mode="seq-mean-token-sum") == "seq-mean-token-sum"
+    assert agg(token_level_loss=False, loss_agg_mode="seq-mean-token-sum") == "seq-mean-token-sum"
 
 
 def test_entropy_bonus_and_kl_term():

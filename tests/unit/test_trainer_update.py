@@ -136,9 +136,9 @@ def test_mini_batches_and_epochs_compute_the_old_policy_once(hf_dir):
 
 @pytest.mark.parametrize("forward", [ForwardConfig(micro_batch_size=1), ForwardConfig(micro_batch_size=3, use_remove_padding=True)],
                          ids=["mbs1", "packed-mbs3"])
-@pytest.mark.parametrize("token_level", [True, False], ids=["token-mean", "seq-mean"])
-def test_micro_batching_gives_the_whole_mini_batch_step(hf_dir, forward, token_level):
-    loss = PolicyLossConfig(token_level_loss=token_level)
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batching_gives_the_whole_mini_batch_step(hf_dir, forward, agg):
+    loss = PolicyLossConfig(agg=agg)
     whole, grads_whole = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, loss=loss, forward=ForwardConfig(micro_batch_size=8)))
     split, grads_split = _one_update(hf_dir, grpo_batch(), UpdateConfig(8, loss=loss, forward=forward))
     assert split.pg_loss == pytest.approx(whole.pg_loss, abs=1e-6)

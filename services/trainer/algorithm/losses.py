@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.common.config import LOSS_AGG_MODES
 from services.trainer.algorithm.masked import masked_mean
 
 
@@ -18,7 +19,7 @@ class PolicyLossConfig:
     clip_ratio_low: float = 0.2  # ratio floor 1 - low; equals clip_ratio unless clip-higher
     clip_ratio_high: float = 0.2  # ratio ceiling 1 + high; DAPO raises it (0.28)
     clip_ratio_c: float = 3.0  # dual-clip bound on the loss for negative advantages
-    token_level_loss: bool = True  # mean over all tokens (DAPO) vs mean of per-sequence means
+    agg: str = "token-mean"  # one of LOSS_AGG_MODES: how per-token terms become the loss
     entropy_coeff: float = 0.0
     kl_coef: float = 0.0  # KL-in-loss coefficient (0: no KL term)
     decoupled: bool = False  # weight each token by pi_prox / pi_behaviour (AReaL's decoupled PPO)
@@ -28,8 +29,13 @@ class PolicyLossConfig:
     def from_rl_config(cls, rl, kl_coef: float) -> "PolicyLossConfig":
         """clip_ratio for both bounds unless clip_higher_enable, as MindSpeed-RL reads it."""
         low, high = (rl.clip_ratio_low, rl.clip_ratio_high) if rl.clip_higher_enable else (rl.clip_ratio, rl.clip_ratio)
-        return cls(low, high, rl.clip_ratio_c, rl.token_level_loss, rl.entropy_coeff, kl_coef, rl.use_decoupled_loss,
-                   rl.behav_imp_weight_cap)
+        agg = rl.loss_agg_mode or ("token-mean" if rl.token_level_loss else "seq-mean-token-mean")
+        return cls(low, high, rl.clip_ratio_c, agg, rl.entropy_coeff, kl_coef, rl.use_decoupled_loss, rl.behav_imp_weight_cap)
+
+    @property
+    def token_level(self) -> bool:
+        """Whether the loss is a mean over tokens (micro-batches then weigh by tokens, else by sequences)."""
+        return self.agg == "token-mean"
 
 
 @dataclass(frozen=True)
@@ -47,11 +53,17 @@ class PolicyLoss:
     behav_imp_weight: torch.Tensor  # mean behaviour importance weight over the tokens kept
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, token_level: bool) -> torch.Tensor:
-    """Token-level mean over all response tokens, or the mean over sequences of per-sequence means."""
-    if token_level:
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """[B, L] per-token values -> one: token-mean, the mean over all response tokens (DAPO);
+    seq-mean-token-mean, the mean over sequences of per-sequence means (GRPO's paper);
+    seq-mean-token-sum, the mean over sequences of per-sequence sums (Dr. GRPO's, verl's name)."""
+    if mode == "token-mean":
         return masked_mean(values, mask)
-    return masked_mean(values, mask, dim=-1).mean()
+    if mode == "seq-mean-token-mean":
+        return masked_mean(values, mask, dim=-1).mean()
+    if mode == "seq-mean-token-sum":
+        return (values * mask).sum(dim=-1).mean()
+    raise ValueError(f"rl_config.loss_agg_mode: {mode!r} is not one of {', '.join(LOSS_AGG_MODES)}")
 
 
 def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
@@ -95,9 +107,9 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
         kept_mask = mask * kept
         behav_weight_mean = masked_mean(weight, kept_mask) if kept_mask.sum() > 0 else zero
         per_token = per_token * torch.where(kept, weight, torch.zeros_like(weight))
-    pg_loss = aggregate(per_token, mask, cfg.token_level_loss)
-    ent = aggregate(entropy, mask, cfg.token_level_loss) if entropy is not None else zero
-    kl_mean = aggregate(kl, mask, cfg.token_level_loss) if kl is not None else zero
+    pg_loss = aggregate(per_token, mask, cfg.agg)
+    ent = aggregate(entropy, mask, cfg.agg) if entropy is not None else zero
+    kl_mean = aggregate(kl, mask, cfg.agg) if kl is not None else zero
     loss = pg_loss - cfg.entropy_coeff * ent + cfg.kl_coef * kl_mean
     return PolicyLoss(loss, pg_loss.detach(), pg_clipfrac, pg_clipfrac_lower, ppo_kl.detach(), ent.detach(), kl_mean.detach(),
                       behav_clipfrac, behav_weight_mean)

@@ -138,7 +138,7 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
                 out = policy_loss(logp, old, batch.advantages[index, :width].to(logp.device), part_mask, cfg.loss,
                                   entropy=entropy, kl=kl, behaviour_logprob=behaviour)
                 # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
-                weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level_loss else len(index) / len(mini)
+                weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level else len(index) / len(mini)
                 loss_totals.add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * float(weight))
                 return out.loss * weight * optimizer.loss_scale
 
