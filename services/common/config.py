@@ -108,7 +108,7 @@ class RLConfig:
     overlong_buffer: int = 0  # tokens before rollout_max_tokens where the penalty ramps
     overlong_buffer_penalty_factor: float = 1.0  # penalty at rollout_max_tokens
     filter_groups_enable: bool = False  # DAPO dynamic sampling: drop groups whose metric has std 0
-    filter_groups_metric: str = "acc"  # metric dynamic sampling looks at
+    filter_groups_metric: str = "acc"  # the per-sample metric dynamic sampling looks at: acc | score | seq_reward | seq_final_reward, each the sample's reward here
     filter_groups_max_batches: int = 10  # prompt batches dynamic sampling may draw per iteration; -1: no limit
     verifier_function: tuple[str, ...] = ("base_acc",)  # rule verifiers, and `reward_model` for reward_config's model, summed into the reward
     verifier_weight: tuple[float, ...] = (1.0,)  # one weight per verifier_function entry
@@ -633,6 +633,10 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.overlong_buffer: must be in (0, rollout_max_tokens={rl.rollout_max_tokens}) "
             f"when overlong_buffer_enable is true, got {rl.overlong_buffer}"
         )
+    _check_choice(errors, "rl_config.filter_groups_metric", rl.filter_groups_metric, ("acc", "score", "seq_reward", "seq_final_reward"))
+    if rl.use_kl_in_reward and rl.adv_estimator == "group_norm":
+        errors.append("rl_config.use_kl_in_reward: group_norm advantages normalise each group's rewards, so a KL subtracted "
+                      "from them does not reach the update; use adv_estimator: gae, or the KL in the loss (use_kl_in_reward: false)")
     if rl.filter_groups_max_batches == 0 or rl.filter_groups_max_batches < -1:
         errors.append(f"rl_config.filter_groups_max_batches: must be -1 (no limit) or >= 1, got {rl.filter_groups_max_batches}")
     if rl.use_wandb and not rl.wandb_project:
