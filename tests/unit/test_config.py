@@ -104,6 +104,8 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2}, "dock": {"min_replicas_acked": 1, "replica_ack_timeout_s": 30}},
      r"dock\.replica_ack_timeout_s: 30\.0 must be below dock\.socket_timeout_s 30\.0"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "dock": {"replica_ack_timeout_s": 0}}, r"dock\.replica_ack_timeout_s: must be > 0, got 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "trainer": {"weight_transport": "nccl"}},
+     r"trainer\.weight_transport: 'nccl' is not one of grpc, collective"),
 ])
 def test_bad_config_names_the_key(data, match):
     with pytest.raises(ConfigError, match=match):
