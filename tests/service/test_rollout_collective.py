@@ -4,7 +4,8 @@ replica (services/trainer/weights/collective_push.py -> services/rollout/gloo_tr
 After a push both replicas serve the pushed weights (greedy tokens and logprobs of the HF model with
 those weights); a refused join or layout is listed and changes nothing; a replica stopped (SIGSTOP)
 or whose worker is SIGKILLed mid-broadcast is listed within push_stall_s while the other replica
-takes the version, and a stopped one takes the next push once it runs again.
+takes the version, and a stopped one takes the next push once it runs again; a replica started
+mid-run joins at the next push while the others keep their groups.
 """
 from __future__ import annotations
 
@@ -152,6 +153,25 @@ def test_a_stopped_replica_is_listed_after_the_stall_limit_and_takes_the_next_pu
                     result.replicas_updated == 1 and x_version == old + 1 and took < 2 * STALL_S + 10
                     and len(result.failed) == 1 and result.failed[0].startswith(y.grpc_target)
                     and y_version == old and again.replicas_updated == 1 and y_after == old + 1)
+
+
+def test_a_replica_that_starts_mid_run_joins_at_the_next_push_without_rebuilding_the_others(replicas, weights, sender, tmp_path):
+    model_dir, (x, _) = replicas
+    served, perturbed = weights
+    old = version(x)
+    group_of_x = sender._members[x.grpc_target].group
+    late = spawn_replica(model_dir, tmp_path, "late", OVERRIDES, "tiny", {"OMP_NUM_THREADS": "1"}).wait()
+    try:
+        assert version(late) == 0
+        result = sender.push(perturbed, [x.grpc_target, late.grpc_target], old + 1, bucket_mb=BUCKET_MB)
+        assert result.failed == () and result.replicas_updated == 2
+        assert sender._members[x.grpc_target].group is group_of_x  # x kept its group
+        hf_perturbed = load_hf_model(model_dir, perturbed)
+        for replica in (x, late):
+            assert_serves(replica, hf_perturbed, old + 1)
+    finally:
+        late.stop()
+    assert sender.push(served, [x.grpc_target], old + 2, bucket_mb=BUCKET_MB).replicas_updated == 1
 
 
 def test_a_replica_whose_worker_is_killed_mid_broadcast_is_listed_and_the_other_takes_the_push(replicas, weights, sender, fault_log):
