@@ -128,16 +128,21 @@ class CollectiveReceiver:
                     log_event(log, "collective transfer failed", level=logging.WARNING, version=version, error=str(exc)[:300])
                     raise Unavailable(f"weight transfer of version {version} broke off ({exc}); this replica holds generation "
                                       f"paused at version {self.engine.version} until a complete push") from None
+                loaded = time.perf_counter()
                 await llm.finish_weight_update()
+                finish_s = time.perf_counter() - loaded
                 if self.engine.cfg.generate_config.enable_prefix_caching:
                     await llm.reset_prefix_cache()
                 self.engine.set_version(version)
                 await llm.resume_generation()
-                peak = max(await self.engine.collective_rpc("weight_transfer_peak_bytes"))
+                stats = await self.engine.collective_rpc("weight_transfer_stats")
         finally:
             self.engine.weights_lock.release()
         seconds = time.perf_counter() - start
+        peak = max(s["peak_extra_bytes"] for s in stats)
         log_event(log, "weights applied", version=version, bytes=nbytes, seconds=f"{seconds:.3f}", path="collective",
-                  mb_per_s=f"{nbytes / max(seconds, 1e-9) / 1e6:.1f}", peak_extra_mb=f"{peak / 2**20:.1f}")
+                  mb_per_s=f"{nbytes / max(seconds, 1e-9) / 1e6:.1f}", peak_extra_mb=f"{peak / 2**20:.1f}",
+                  wait_s=f"{max(s['wait_s'] for s in stats):.3f}", load_s=f"{max(s['load_s'] for s in stats):.3f}",
+                  finish_s=f"{finish_s:.3f}")
         return rollout_pb2.UpdateWeightsResponse(version=version, bytes_received=nbytes, seconds=seconds, replicas_updated=1,
                                                  apply_seconds=seconds, peak_extra_bytes=peak)

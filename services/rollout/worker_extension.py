@@ -17,7 +17,7 @@ register_backend()
 
 
 class WeightStagingExtension:
-    """collective_rpc methods: stage_bucket, commit_staged, discard_staged, weight_transfer_peak_bytes."""
+    """collective_rpc methods: stage_bucket, commit_staged, discard_staged, weight_transfer_stats."""
 
     def stage_bucket(self, data: bytes, tensors: list[tuple[str, str, list[int], int, int]]) -> int:
         """Keeps the bucket's tensors (name, dtype, shape, offset, nbytes) for the next commit; returns how many are staged."""
@@ -48,6 +48,7 @@ class WeightStagingExtension:
         """Drops a staged push that will not be applied; returns how many tensors were dropped."""
         return len(self.__dict__.pop("_dockrl_staged", []))
 
-    def weight_transfer_peak_bytes(self) -> int:
-        """The last collective transfer's peak resident memory above the worker's level at its start."""
-        return self.weight_transfer_engine.peak_extra_bytes
+    def weight_transfer_stats(self) -> dict:
+        """The last collective transfer's peak_extra_bytes (resident memory above the worker's level at its start),
+        wait_s (waiting for the buckets' bytes) and load_s (loading and processing them)."""
+        return self.weight_transfer_engine.stats
