@@ -17,7 +17,6 @@ sends each bucket once per replica instead of relying on the collective's tree.
 """
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -27,11 +26,9 @@ from datetime import timedelta
 
 import torch
 
-from services.common.log import log_event
 from services.common.weight_wire import TensorSlot, bucket_slots, pack_into, plan_buckets
 from services.trainer.weights.weight_push import PushResult, describe_rpc_error
 
-logger = logging.getLogger("dockrl.trainer")
 TRAINER_RANK = 0
 
 
@@ -74,11 +71,8 @@ class CollectiveSender:
         updated, peak = self._finish(live, version, failed)
         for address in failed:
             self._drop(address)
-        result = PushResult(version, sent, time.perf_counter() - start, len(plan), updated,
-                            tuple(f"{a}: {reason}" for a, reason in failed.items()), peak)
-        log_event(logger, "collective push", version=version, replicas=updated, failed=len(failed),
-                  mb=f"{sent / 2**20:.1f}", seconds=f"{result.seconds:.2f}")
-        return result
+        return PushResult(version, sent, time.perf_counter() - start, len(plan), updated,
+                          tuple(f"{a}: {reason}" for a, reason in failed.items()), peak)
 
     def close(self) -> None:
         """Leaves every group and closes the channels."""
