@@ -66,8 +66,10 @@ class CollectiveSender:
         self._join_missing(addresses, failed)
         plan = plan_buckets(tensors, bucket_mb, dtype)
         layouts = [bucket_slots(tensors, names, dtype) for names in plan]
-        live = self._open([a for a in addresses if a not in failed], version, layouts, failed)
-        sent = self._broadcast(tensors, layouts, live, failed)
+        calls = self._open([a for a in addresses if a not in failed], version, layouts)
+        first = _pack(tensors, layouts[0])  # while the replicas check the layout and pause
+        live = _answered(calls, "OpenWeightTransfer", failed)
+        sent = self._broadcast(tensors, layouts, first, live, failed)
         updated, peak = self._finish(live, version, failed)
         for address in failed:
             self._drop(address)
@@ -114,8 +116,8 @@ class CollectiveSender:
             return
         self._members[address] = _Member(address, group, channel, stub)
 
-    def _open(self, addresses: list[str], version: int, layouts: list[tuple[tuple[TensorSlot, ...], int]],
-              failed: dict[str, str]) -> list[str]:
+    def _open(self, addresses: list[str], version: int, layouts: list[tuple[tuple[TensorSlot, ...], int]]) -> dict:
+        """Sends the transfer's layout to each replica; returns the calls in flight by address."""
         from services.common.auth import bearer_metadata
         from services.common.pb import rollout_pb2
 
@@ -124,21 +126,13 @@ class CollectiveSender:
                 rollout_pb2.TensorMeta(name=s.name, dtype=s.dtype, shape=list(s.shape), offset=s.offset, nbytes=s.nbytes) for s in slots])
             for slots, nbytes in layouts])
         metadata = bearer_metadata(self.token) or None
-        calls = {a: self._members[a].stub.OpenWeightTransfer.future(request, timeout=self.stall_s, metadata=metadata) for a in addresses}
-        live = []
-        for address, call in calls.items():
-            try:
-                call.result()
-                live.append(address)
-            except Exception as exc:  # refused (a layout the replica does not serve, a push in progress) or unreachable
-                failed[address] = f"OpenWeightTransfer: {describe_rpc_error(exc)}"
-        return live
+        return {a: self._members[a].stub.OpenWeightTransfer.future(request, timeout=self.stall_s, metadata=metadata) for a in addresses}
 
     def _broadcast(self, tensors: Mapping[str, torch.Tensor], layouts: list[tuple[tuple[TensorSlot, ...], int]],
-                   live: list[str], failed: dict[str, str]) -> int:
-        """Sends every bucket on every live group; returns the bytes of one copy of the buckets sent."""
+                   first: torch.Tensor, live: list[str], failed: dict[str, str]) -> int:
+        """Sends every bucket (the first already packed) on every live group; returns the bytes of one copy of the buckets sent."""
         sent = 0
-        nxt = _pack(tensors, layouts[0]) if live else None
+        nxt = first
         for index in range(len(layouts)):
             if not live:
                 break
@@ -164,15 +158,8 @@ class CollectiveSender:
         metadata = bearer_metadata(self.token) or None
         calls = {a: self._members[a].stub.FinishWeightTransfer.future(
             rollout_pb2.FinishWeightTransferRequest(version=version), timeout=self.stall_s, metadata=metadata) for a in live}
-        updated, peak = 0, 0
-        for address, call in calls.items():
-            try:
-                response = call.result()
-                updated += 1
-                peak = max(peak, response.peak_extra_bytes)
-            except Exception as exc:
-                failed[address] = f"FinishWeightTransfer: {describe_rpc_error(exc)}"
-        return updated, peak
+        answers = [calls[a].result() for a in _answered(calls, "FinishWeightTransfer", failed)]
+        return len(answers), max((r.peak_extra_bytes for r in answers), default=0)
 
     def _drop(self, address: str) -> None:
         member = self._members.pop(address, None)
@@ -208,6 +195,18 @@ class _OurEnd:
         if self._error is not None:
             raise self._error
         return self._group
+
+
+def _answered(calls: dict, rpc: str, failed: dict[str, str]) -> list[str]:
+    """The addresses whose call succeeded; each other one is listed in `failed` with its error."""
+    ok = []
+    for address, call in calls.items():
+        try:
+            call.result()
+            ok.append(address)
+        except Exception as exc:  # grpc.RpcError or a deadline: refused (a layout it does not serve), unreachable, or stalled
+            failed[address] = f"{rpc}: {describe_rpc_error(exc)}"
+    return ok
 
 
 def _pack(tensors: Mapping[str, torch.Tensor], layout: tuple[tuple[TensorSlot, ...], int]) -> torch.Tensor:
