@@ -62,13 +62,14 @@ class CollectiveReceiver:
         if request.timeout_s <= 0:
             raise InvalidArgument("timeout_s", f"must be > 0, got {request.timeout_s}")
         if self.engine.weights_lock.locked():
-            raise FailedPrecondition("JoinWeightGroup: a weight push is in progress on this replica; retry after it ends")
-        self.joined = False
+            raise FailedPrecondition("JoinWeightGroup: a weight push or join is in progress on this replica; retry after it ends")
         init_info = {"master_address": request.master_address, "master_port": request.master_port,
                      "world_size": request.world_size, "timeout_s": request.timeout_s}
-        with dead_engine_is_unavailable():
-            await self.engine.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
-        self.joined = True
+        async with self.engine.weights_lock:  # a second join meanwhile would queue behind this one's rendezvous in the engine
+            self.joined = False
+            with dead_engine_is_unavailable():
+                await self.engine.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+            self.joined = True
         log_event(log, "joined weight group", master=f"{request.master_address}:{request.master_port}", ranks=self.ranks)
         return rollout_pb2.JoinWeightGroupResponse(ranks=self.ranks)
 

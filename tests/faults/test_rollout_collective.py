@@ -22,7 +22,7 @@ from rollout_harness import OVERRIDES, TOKEN, greedy_request, hf_greedy, hf_logp
 from services.common.pb import rollout_pb2
 from tests.faults.loop_harness import descendants
 
-pytestmark = pytest.mark.service
+pytestmark = [pytest.mark.service, pytest.mark.slow]  # starts three replicas of its own: about 2 min on 2 cores
 
 PROMPTS = [[72, 101, 108, 108, 111], [49, 43, 50, 61]]
 MAX_TOKENS = 10
