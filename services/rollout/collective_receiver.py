@@ -28,6 +28,7 @@ from services.rollout.weight_receiver import check_all_present, check_tensor
 
 log = logging.getLogger("dockrl.rollout.weights")
 MAX_PORT = 65535
+MAX_TIMEOUT_S = 86400.0  # a group timeout past a day is a mistake (and an infinite one cannot be a timedelta)
 
 
 @dataclass
@@ -59,8 +60,8 @@ class CollectiveReceiver:
         if request.world_size != 1 + self.ranks:
             raise InvalidArgument("world_size", f"this replica has {self.ranks} worker(s), so its group has {1 + self.ranks} "
                                                 f"ranks with the trainer's; got {request.world_size}")
-        if request.timeout_s <= 0:
-            raise InvalidArgument("timeout_s", f"must be > 0, got {request.timeout_s}")
+        if not 0 < request.timeout_s <= MAX_TIMEOUT_S:  # NaN fails this too
+            raise InvalidArgument("timeout_s", f"must be in (0, {MAX_TIMEOUT_S:.0f}] seconds, got {request.timeout_s}")
         if self.engine.weights_lock.locked():
             raise FailedPrecondition("JoinWeightGroup: a weight push or join is in progress on this replica; retry after it ends")
         init_info = {"master_address": request.master_address, "master_port": request.master_port,
@@ -75,11 +76,11 @@ class CollectiveReceiver:
 
     async def open(self, request: rollout_pb2.OpenWeightTransferRequest) -> rollout_pb2.OpenWeightTransferResponse:
         """Checks the layout of the whole transfer, then starts receiving it in the background."""
+        buckets = self._check_layout(request)
         if not self.joined:
             raise FailedPrecondition("OpenWeightTransfer: this replica is in no weight group; JoinWeightGroup first")
         if self.engine.weights_lock.locked():
             raise FailedPrecondition("OpenWeightTransfer: another push is in progress on this replica; retry after it ends")
-        buckets = self._check_layout(request)
         await self.engine.weights_lock.acquire()  # free (checked above), so this takes it with no wait in between
         self._transfer = _Transfer(request.version, asyncio.create_task(self._receive(request.version, buckets)))
         return rollout_pb2.OpenWeightTransferResponse()
