@@ -213,7 +213,9 @@ class TrainerServiceConfig:
     host: str = "127.0.0.1"  # bind address
     grpc_port: int = 50071  # gRPC port
     bucket_mb: int = 64  # weight-push bucket size in MiB
-    push_mode: str = "fanout"  # fanout | chain
+    push_mode: str = "fanout"  # fanout | chain (weight_transport grpc)
+    weight_transport: str = "grpc"  # grpc: buckets as gRPC messages | collective: gRPC control, bytes over a gloo group per replica (docs/trainer.md)
+    weight_group_host: str = ""  # collective: the address replicas reach the trainer's weight-group rendezvous at; empty: trainer.host
     push_stall_s: float = 120.0  # a replica that takes no weight chunk (or gives no answer after the last) this long misses the push
     log_dir: str = "runs/default"  # TensorBoard scalars, JSONL metrics and PNG curves
     eval_data_path: str = ""  # preprocessed prompts RL trains on, evaluated greedily (train accuracy); empty: none
@@ -596,6 +598,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_choice(errors, "megatron_training.lr_decay_style", mt.lr_decay_style, ("constant", "linear", "cosine"))
     _check_choice(errors, "megatron_training.distributed_backend", mt.distributed_backend, ("auto", "gloo", "nccl", "hccl"))
     _check_choice(errors, "trainer.push_mode", cfg.trainer.push_mode, ("fanout", "chain"))
+    _check_choice(errors, "trainer.weight_transport", cfg.trainer.weight_transport, ("grpc", "collective"))
     if not 0 <= rl.clip_ratio < 1:
         errors.append(f"rl_config.clip_ratio: must be in [0, 1), got {rl.clip_ratio!r}")
     if rl.clip_ratio_c <= 1:

@@ -96,19 +96,34 @@ def _cast_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
 
+def bucket_slots(tensors: Mapping[str, torch.Tensor], names: Iterable[str], dtype: torch.dtype | None = None) -> tuple[tuple[TensorSlot, ...], int]:
+    """Where each of `names` sits in its bucket (floating ones at `dtype` when given) and the bucket's bytes, without packing.
+
+    The collective path sends this layout ahead of the bytes, so a receiver can check it and size its buffer.
+    """
+    slots, offset = [], 0
+    for name in names:
+        t = tensors[name]
+        cast = _cast_dtype(t, dtype)
+        nbytes = t.numel() * torch.empty((), dtype=cast).element_size()
+        offset += -offset % ALIGN_BYTES
+        slots.append(TensorSlot(name, dtype_name(cast), tuple(t.shape), offset, nbytes))
+        offset += nbytes
+    return tuple(slots), offset
+
+
+def pack_into(tensors: Mapping[str, torch.Tensor], slots: Iterable[TensorSlot], out: torch.Tensor) -> torch.Tensor:
+    """Writes each slot's tensor (cast to the slot's dtype) into the flat uint8 tensor `out`; returns `out`."""
+    for s in slots:
+        out[s.offset: s.offset + s.nbytes].view(torch_dtype(s.dtype)).view(s.shape).copy_(tensors[s.name].detach())
+    return out
+
+
 def pack_bucket(tensors: Mapping[str, torch.Tensor], names: Iterable[str], dtype: torch.dtype | None = None) -> WeightBucket:
     """Packs `names` of `tensors` (floating ones cast to `dtype` when given) into one bucket."""
-    parts, slots, offset = [], [], 0
-    for name in names:
-        t = tensors[name].detach().to("cpu", _cast_dtype(tensors[name], dtype)).contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        pad = -offset % ALIGN_BYTES
-        parts.append(b"\0" * pad)
-        offset += pad
-        slots.append(TensorSlot(name, dtype_name(t.dtype), tuple(t.shape), offset, len(raw)))
-        parts.append(raw)
-        offset += len(raw)
-    return WeightBucket(b"".join(parts), tuple(slots))
+    slots, nbytes = bucket_slots(tensors, names, dtype)
+    flat = pack_into(tensors, slots, torch.zeros(nbytes, dtype=torch.uint8))
+    return WeightBucket(flat.numpy().tobytes(), slots)
 
 
 def unpack_bucket(bucket: WeightBucket) -> dict[str, torch.Tensor]:

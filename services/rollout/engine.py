@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import json
 import os
 import pathlib
 import time
@@ -24,6 +25,7 @@ from services.common.errors import InvalidArgument, ResourceExhausted, Unavailab
 from services.rollout.sampling import ResolvedSampling, SamplingOverrides, resolve
 
 WORKER_EXTENSION = "services.rollout.worker_extension.WeightStagingExtension"
+GLOO_BACKEND = "dockrl_gloo"  # the collective path's vLLM weight-transfer backend (services/rollout/gloo_transfer.py)
 THROUGHPUT_WINDOW_S = 60.0
 DEAD_ENGINE_POLL_S = 1.0
 
@@ -132,6 +134,8 @@ def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse
         "--gpu-memory-utilization", str(gen.gpu_memory_utilization),
         "--seed", str(gen.seed),
         "--worker-extension-cls", WORKER_EXTENSION,
+        # the collective weight path's backend (services/rollout/gloo_transfer.py); idle until a trainer joins
+        "--weight-transfer-config", json.dumps({"backend": GLOO_BACKEND}),
         "--enable-prefix-caching" if gen.enable_prefix_caching else "--no-enable-prefix-caching",
     ]
     if gen.enforce_eager:
@@ -216,6 +220,7 @@ class RolloutEngine:
         self.stopped = False  # set by abort_all at the drain's deadline: the engine takes nothing more
         self._running: set[str] = set()
         self._throughput = _Throughput()
+        self.weights_lock = asyncio.Lock()  # one weight push at a time, over gRPC bytes or the collective path
         POLICY_VERSION.set(0)
 
     @classmethod
@@ -363,6 +368,11 @@ class RolloutEngine:
         with dead_engine_is_unavailable():
             return await self.llm.collective_rpc(method, args=args)
 
+    def set_version(self, version: int) -> None:
+        """Serves `version` from here on: new tokens carry it."""
+        self.version = version
+        POLICY_VERSION.set(version)
+
     async def commit_staged_weights(self, version: int) -> None:
         """Applies the staged push with generation paused, then serves `version`.
 
@@ -375,8 +385,7 @@ class RolloutEngine:
                 await self.collective_rpc("commit_staged")
                 if self.cfg.generate_config.enable_prefix_caching:
                     await self.llm.reset_prefix_cache()
-                self.version = version
-                POLICY_VERSION.set(version)
+                self.set_version(version)
             finally:
                 if not self.llm.errored:
                     await self.llm.resume_generation()

@@ -10,12 +10,14 @@ from services.common.grpc_decode import AsyncDecodeErrorInterceptor
 from services.common.grpc_serving import add_reflection
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.rollout.chain import MAX_MESSAGE_BYTES
+from services.rollout.collective_receiver import CollectiveReceiver
 from services.rollout.engine import RolloutEngine
 from services.rollout.sampling import NO_LOGPROBS, SamplingOverrides
 from services.rollout.weight_receiver import WeightReceiver
 
 SERVICE = "dockrl.rollout.v1.Rollout"
-PROTECTED_METHODS = (f"/{SERVICE}/UpdateWeights", f"/{SERVICE}/Abort")
+PROTECTED_METHODS = tuple(f"/{SERVICE}/{m}" for m in (
+    "UpdateWeights", "Abort", "JoinWeightGroup", "OpenWeightTransfer", "FinishWeightTransfer"))
 
 
 def overrides_from_proto(sp: rollout_pb2.SamplingParams) -> SamplingOverrides:
@@ -42,11 +44,12 @@ def overrides_from_proto(sp: rollout_pb2.SamplingParams) -> SamplingOverrides:
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
-    """Generate / GenerateStream / Abort / UpdateWeights / GetInfo over one RolloutEngine."""
+    """Generate / GenerateStream / Abort / UpdateWeights / GetInfo and the collective weight path over one RolloutEngine."""
 
-    def __init__(self, engine: RolloutEngine, receiver: WeightReceiver):
+    def __init__(self, engine: RolloutEngine, receiver: WeightReceiver, collective: CollectiveReceiver):
         self.engine = engine
         self.receiver = receiver
+        self.collective = collective
 
     def _open(self, request: rollout_pb2.GenerateRequest):
         self.engine.ensure_accepting()
@@ -99,23 +102,44 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         except DockrlError as exc:
             await grpc_abort_async(context, exc)
 
+    async def JoinWeightGroup(self, request, context):
+        try:
+            self.engine.ensure_accepting()
+            return await self.collective.join(request)
+        except DockrlError as exc:
+            await grpc_abort_async(context, exc)
+
+    async def OpenWeightTransfer(self, request, context):
+        try:
+            self.engine.ensure_accepting()
+            return await self.collective.open(request)
+        except DockrlError as exc:
+            await grpc_abort_async(context, exc)
+
+    async def FinishWeightTransfer(self, request, context):
+        try:
+            return await self.collective.finish(request)
+        except DockrlError as exc:
+            await grpc_abort_async(context, exc)
+
     async def GetInfo(self, request, context):
         return rollout_pb2.InfoResponse(
             model=self.engine.model_name, version=self.engine.version, queue_depth=self.engine.queue_depth,
             max_queue=self.engine.max_queue, tokens_per_second=self.engine.tokens_per_second(),
             replica_id=self.engine.replica_id, max_model_len=self.engine.max_model_len,
+            weight_group_ranks=self.collective.ranks,
         )
 
 
 async def start_grpc_server(
-    engine: RolloutEngine, receiver: WeightReceiver, host: str, port: int, token: str,
+    engine: RolloutEngine, receiver: WeightReceiver, collective: CollectiveReceiver, host: str, port: int, token: str,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Starts the Rollout and health services; returns the server, the port it bound and the health servicer."""
     server = grpc.aio.server(
         interceptors=[AsyncTokenInterceptor(token, PROTECTED_METHODS), AsyncDecodeErrorInterceptor()],
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
-    rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(engine, receiver), server)
+    rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(engine, receiver, collective), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     add_reflection(server, SERVICE)

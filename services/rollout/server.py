@@ -19,6 +19,7 @@ from services.common.ready_file import write_ready_file
 from services.rollout.engine import RolloutEngine
 from services.rollout.grpc_server import start_grpc_server
 from services.rollout.http_server import build_http_app
+from services.rollout.collective_receiver import CollectiveReceiver
 from services.rollout.weight_receiver import WeightReceiver, served_weight_spec
 
 log = logging.getLogger("dockrl.rollout")
@@ -63,9 +64,10 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     # 1. the engine (vLLM spawns its engine-core and worker processes here)
     engine = RolloutEngine.start(options.model, cfg, options.served_model_name)
     token = resolve_token(cfg.auth)
-    receiver = WeightReceiver(engine, served_weight_spec(engine.model_path, cfg.generate_config.dtype), token)
+    spec = served_weight_spec(engine.model_path, cfg.generate_config.dtype)
+    receiver, collective = WeightReceiver(engine, spec, token), CollectiveReceiver(engine, spec)
     # 2. gRPC and HTTP (vLLM's OpenAI app) on this loop
-    grpc_server, grpc_port, health = await start_grpc_server(engine, receiver, options.host, options.grpc_port, token)
+    grpc_server, grpc_port, health = await start_grpc_server(engine, receiver, collective, options.host, options.grpc_port, token)
     http_socket = _bind(options.host, options.http_port)
     http_port = http_socket.getsockname()[1]
     app = await build_http_app(engine, token)

@@ -9,7 +9,6 @@ rejects the whole push (INVALID_ARGUMENT) and the staged tensors are dropped.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import pathlib
@@ -42,6 +41,32 @@ def served_weight_spec(model_dir: str | pathlib.Path, dtype: str) -> dict[str, T
     return spec
 
 
+def check_tensor(spec: dict[str, TensorSpec], meta: rollout_pb2.TensorMeta, seen: set[str], bucket_nbytes: int) -> None:
+    """Raises InvalidArgument unless `meta` is a tensor of the served model, new in this push, and inside its bucket."""
+    expected = spec.get(meta.name)
+    where = f"tensors[{meta.name!r}]"
+    if expected is None:
+        raise InvalidArgument(where, "is not a parameter of the served model")
+    if meta.name in seen:
+        raise InvalidArgument(where, "appears twice in one push")
+    if meta.dtype != expected.dtype:
+        raise InvalidArgument(f"{where}.dtype", f"the served model holds {expected.dtype}, got {meta.dtype!r}")
+    if tuple(meta.shape) != expected.shape:
+        raise InvalidArgument(f"{where}.shape", f"the served model expects {list(expected.shape)}, got {list(meta.shape)}")
+    if meta.nbytes != expected.nbytes:
+        raise InvalidArgument(f"{where}.nbytes", f"{list(expected.shape)} of {expected.dtype} is {expected.nbytes} bytes, got {meta.nbytes}")
+    if meta.offset < 0 or meta.offset + meta.nbytes > bucket_nbytes:
+        raise InvalidArgument(f"{where}.offset", f"[{meta.offset}, {meta.offset + meta.nbytes}) lies outside the bucket's {bucket_nbytes} bytes")
+
+
+def check_all_present(spec: dict[str, TensorSpec], seen: set[str]) -> None:
+    """Raises InvalidArgument naming the served model's tensors a push lacks."""
+    missing = sorted(set(spec) - seen)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise InvalidArgument("tensors", f"the push lacks {len(missing)} of the served model's {len(spec)} tensors: {shown}")
+
+
 @dataclass
 class _Bucket:
     index: int
@@ -69,13 +94,12 @@ class WeightReceiver:
         self.spec = spec
         self.model_nbytes = sum(t.nbytes for t in spec.values())  # no bucket can be larger than the whole model
         self.token = token
-        self._lock = asyncio.Lock()
 
     async def receive(self, chunks: AsyncIterator[rollout_pb2.WeightChunk]) -> rollout_pb2.UpdateWeightsResponse:
         """Consumes one push; answers once it serves the new version (here and down the chain)."""
-        if self._lock.locked():
+        if self.engine.weights_lock.locked():
             raise FailedPrecondition("UpdateWeights: another push is in progress on this replica; retry after it ends")
-        async with self._lock:
+        async with self.engine.weights_lock:
             start = time.perf_counter()
             forwarder: ChainForwarder | None = None
             push: _Push | None = None
@@ -152,25 +176,9 @@ class WeightReceiver:
                 "bucket_nbytes", f"must be in [1, {self.model_nbytes}] (the served model's bytes), got {chunk.bucket_nbytes}"
             )
         for meta in chunk.tensors:
-            self._check_tensor(push, meta, chunk.bucket_nbytes)
+            check_tensor(self.spec, meta, push.seen, chunk.bucket_nbytes)
             push.seen.add(meta.name)
         push.bucket = _Bucket(chunk.bucket_index, list(chunk.tensors), bytearray(chunk.bucket_nbytes))
-
-    def _check_tensor(self, push: _Push, meta: rollout_pb2.TensorMeta, bucket_nbytes: int) -> None:
-        expected = self.spec.get(meta.name)
-        where = f"tensors[{meta.name!r}]"
-        if expected is None:
-            raise InvalidArgument(where, "is not a parameter of the served model")
-        if meta.name in push.seen:
-            raise InvalidArgument(where, "appears twice in one push")
-        if meta.dtype != expected.dtype:
-            raise InvalidArgument(f"{where}.dtype", f"the served model holds {expected.dtype}, got {meta.dtype!r}")
-        if tuple(meta.shape) != expected.shape:
-            raise InvalidArgument(f"{where}.shape", f"the served model expects {list(expected.shape)}, got {list(meta.shape)}")
-        if meta.nbytes != expected.nbytes:
-            raise InvalidArgument(f"{where}.nbytes", f"{list(expected.shape)} of {expected.dtype} is {expected.nbytes} bytes, got {meta.nbytes}")
-        if meta.offset < 0 or meta.offset + meta.nbytes > bucket_nbytes:
-            raise InvalidArgument(f"{where}.offset", f"[{meta.offset}, {meta.offset + meta.nbytes}) lies outside the bucket's {bucket_nbytes} bytes")
 
     def _check_complete(self, push: _Push | None) -> None:
         if push is None:
@@ -181,9 +189,6 @@ class WeightReceiver:
             )
         if push.buckets_done != push.num_buckets:
             raise InvalidArgument("num_buckets", f"the push announced {push.num_buckets} buckets but sent {push.buckets_done}")
-        missing = sorted(set(self.spec) - push.seen)
-        if missing:
-            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise InvalidArgument("tensors", f"the push lacks {len(missing)} of the served model's {len(self.spec)} tensors: {shown}")
+        check_all_present(self.spec, push.seen)
         if push.num_tensors and push.num_tensors != len(push.seen):
             raise InvalidArgument("num_tensors", f"the push announced {push.num_tensors} tensors but sent {len(push.seen)}")

@@ -5,12 +5,19 @@ worker's model runner. Buckets arrive through `collective_rpc` as raw bytes plus
 (tensors would arrive as lists); they are kept as tensors until `commit_staged`, which hands all
 of them to `model_runner.reload_weights` at once: vLLM fuses q/k/v and gate/up projections and
 re-packs CPU GEMM weights after loading, so a fused layer must see all of its parts in one reload.
+
+vLLM imports this module in each worker process before the model loads, which is where its
+weight-transfer factory must know the collective path's gloo backend: importing registers it.
 """
 from __future__ import annotations
 
+from services.rollout.gloo_transfer import register_backend
+
+register_backend()
+
 
 class WeightStagingExtension:
-    """collective_rpc methods: stage_bucket, commit_staged, discard_staged."""
+    """collective_rpc methods: stage_bucket, commit_staged, discard_staged, weight_transfer_stats."""
 
     def stage_bucket(self, data: bytes, tensors: list[tuple[str, str, list[int], int, int]]) -> int:
         """Keeps the bucket's tensors (name, dtype, shape, offset, nbytes) for the next commit; returns how many are staged."""
@@ -40,3 +47,8 @@ class WeightStagingExtension:
     def discard_staged(self) -> int:
         """Drops a staged push that will not be applied; returns how many tensors were dropped."""
         return len(self.__dict__.pop("_dockrl_staged", []))
+
+    def weight_transfer_stats(self) -> dict:
+        """The last collective transfer's peak_extra_bytes (resident memory above the worker's level at its start),
+        wait_s (waiting for the buckets' bytes) and load_s (loading and processing them)."""
+        return self.weight_transfer_engine.stats

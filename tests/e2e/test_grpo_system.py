@@ -54,6 +54,19 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     _exports_to_a_model_vllm_serves(log_dir.parent / "ckpt", iters, log_dir.parent / "exported")
 
 
+def test_grpo_on_the_collective_weight_path(run_up):
+    # trainer.weight_transport collective: every push moves over the replicas' gloo groups, and rollout
+    # and trainer still agree on the same weights at every step
+    iters = 4
+    metrics, summary, _ = run_up("rollout.replicas=2", f"megatron_training.train_iters={iters}", "trainer.eval_interval=0",
+                                 "trainer.weight_transport=collective")
+    records = steps(metrics)
+    assert [r["step"] for r in records] == list(range(1, iters + 1))
+    assert all(r["weight_sync/replicas"] == 2 for r in records)
+    assert max(r["train_rollout_logprob_diff"] for r in records) < 1e-3
+    assert summary["accounting"]["rows_dropped"] == 0
+
+
 def _exports_to_a_model_vllm_serves(ckpt, step: int, out) -> None:
     from rollout_harness import hf_greedy, load_hf_model, offline_vllm_generate
 

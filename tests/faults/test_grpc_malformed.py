@@ -53,6 +53,16 @@ def generate_stream(**sampling) -> Callable[[grpc.Channel], object]:
 ROLLOUT_META = bearer_metadata(ROLLOUT_TOKEN)
 
 
+def join(**fields) -> Callable[[grpc.Channel], object]:
+    request = rollout_pb2.JoinWeightGroupRequest(**{"master_address": "127.0.0.1", "master_port": 1, "world_size": 2, "timeout_s": 5.0, **fields})
+    return lambda ch: rollout_pb2_grpc.RolloutStub(ch).JoinWeightGroup(request, metadata=ROLLOUT_META, timeout=30)
+
+
+def open_transfer(*buckets: rollout_pb2.TransferBucket) -> Callable[[grpc.Channel], object]:
+    request = rollout_pb2.OpenWeightTransferRequest(version=1, buckets=buckets)
+    return lambda ch: rollout_pb2_grpc.RolloutStub(ch).OpenWeightTransfer(request, metadata=ROLLOUT_META, timeout=30)
+
+
 def push(*chunks: rollout_pb2.WeightChunk) -> Callable[[grpc.Channel], object]:
     return lambda ch: rollout_pb2_grpc.RolloutStub(ch).UpdateWeights(iter(chunks), metadata=ROLLOUT_META, timeout=60)
 
@@ -91,6 +101,16 @@ ROLLOUT_CASES = [
         num_buckets=1, bucket_nbytes=EMBED.nbytes, tensors=[rollout_pb2.TensorMeta(name=EMBED.name, dtype="float32", shape=[-320, 128], nbytes=EMBED.nbytes)])), "shape"),
     Case("UpdateWeights: negative data_offset", push(rollout_pb2.WeightChunk(
         num_buckets=1, bucket_nbytes=EMBED.nbytes, tensors=[EMBED], data=b"\0" * 8, data_offset=-8)), "data_offset"),
+    Case("JoinWeightGroup: no master_address", join(master_address=""), "master_address"),
+    Case("JoinWeightGroup: master_port 70000", join(master_port=70000), "master_port"),
+    Case("JoinWeightGroup: world_size 5 for a replica of 1 worker", join(world_size=5), "world_size"),
+    Case("JoinWeightGroup: timeout_s NaN", join(timeout_s=NAN), "timeout_s"),
+    Case("JoinWeightGroup: timeout_s infinite", join(timeout_s=math.inf), "timeout_s"),
+    Case("OpenWeightTransfer: no buckets", open_transfer(), "buckets"),
+    Case("OpenWeightTransfer: a bucket of 2**50 bytes", open_transfer(rollout_pb2.TransferBucket(nbytes=1 << 50, tensors=[EMBED])),
+         "buckets[0].nbytes"),
+    Case("OpenWeightTransfer: a tensor the model lacks", open_transfer(rollout_pb2.TransferBucket(nbytes=64, tensors=[
+        rollout_pb2.TensorMeta(name="model.extra.weight", dtype="float32", shape=[4], offset=0, nbytes=16)])), "model.extra.weight"),
 ]
 
 REWARD = "/dockrl.reward.v1.Reward/"

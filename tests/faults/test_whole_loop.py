@@ -4,7 +4,10 @@ they hold rows, a Redis crash (SIGKILL) and restart on its AOF, a SIGKILL of the
 and a Redis that comes back empty (no AOF). The run reaches its last step, and the dock accounts
 for every sample: each row that entered the pool is live, or was trained once and retired.
 
-One run carries every fault because starting the vLLM replicas dominates the test's time.
+One run carries every fault because starting the vLLM replicas dominates the test's time. It runs
+synchronously and at max_staleness 1 with gRPC weight pushes, and synchronously on the collective
+weight path (trainer.weight_transport collective: a killed replica's group breaks, its restart joins a
+new one; the resumed trainer builds every group afresh).
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from tests.faults.loop_harness import LoopSystem, wait_for
 
 pytestmark = [pytest.mark.service, pytest.mark.slow]
 
-AREAS = {0: "whole loop", 1: "whole loop, max_staleness 1"}
+# (max_staleness, trainer.weight_transport) -> the fault table's area
+AREAS = {(0, "grpc"): "whole loop", (1, "grpc"): "whole loop, max_staleness 1", (0, "collective"): "whole loop, collective weight path"}
 GBS, N = 4, 4  # groups per iteration, samples per group
 # Iterations per max_staleness, so the run outlasts the faults below: a synchronous iteration waits for a
 # killed worker's rows (~1 s an iteration otherwise); an asynchronous one goes on without them, ~0.4 s each.
@@ -27,8 +31,8 @@ LEASE_S = 10  # short leases: a dead worker's rows come back within seconds
 OUTAGE_S = 3.0  # how long Redis stays down, so every service sees the outage
 
 
-def _overrides(tmp, eta: int) -> list[str]:
-    return [f"rl_config.max_staleness={eta}",
+def _overrides(tmp, eta: int, transport: str) -> list[str]:
+    return [f"rl_config.max_staleness={eta}", f"trainer.weight_transport={transport}",
         f"megatron_training.load={tmp}/model", f"megatron_training.tokenizer_name_or_path={tmp}/model",
         f"megatron_training.data_path={tmp}/data/train", f"arithmetic.out_dir={tmp}/raw",
         "trainer.eval_data_path=", "trainer.test_data_path=", "init_model.warm_start_accuracy=0",
@@ -41,9 +45,9 @@ def _overrides(tmp, eta: int) -> list[str]:
     ]
 
 
-@pytest.fixture(params=sorted(AREAS), ids=["sync", "max_staleness-1"])
+@pytest.fixture(params=list(AREAS), ids=["sync", "max_staleness-1", "collective"])
 def loop(request, tmp_path):
-    system = LoopSystem(tmp_path, _overrides(tmp_path, request.param))
+    system = LoopSystem(tmp_path, _overrides(tmp_path, *request.param))
     system.area = AREAS[request.param]
     try:
         system.start()

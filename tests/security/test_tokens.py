@@ -54,6 +54,25 @@ def test_rollout_update_weights_needs_the_token(rollout, fault_log):
                     code.name, code == grpc.StatusCode.INVALID_ARGUMENT)
 
 
+def test_rollout_collective_weight_rpcs_need_the_token(rollout, fault_log):
+    # each would join a group, open or finish a transfer; past auth each request is refused as malformed
+    _, stub, _ = rollout
+    calls = {
+        "JoinWeightGroup": lambda metadata: stub.JoinWeightGroup(rollout_pb2.JoinWeightGroupRequest(), metadata=metadata, timeout=30),
+        "OpenWeightTransfer": lambda metadata: stub.OpenWeightTransfer(rollout_pb2.OpenWeightTransferRequest(), metadata=metadata, timeout=30),
+        "FinishWeightTransfer": lambda metadata: stub.FinishWeightTransfer(
+            rollout_pb2.FinishWeightTransferRequest(version=-1), metadata=metadata, timeout=30),
+    }
+    for rpc, call in calls.items():
+        codes = {what: code_of(lambda: call(metadata)) for what, metadata in WITHOUT.items()}
+        with_token = code_of(lambda: call(bearer_metadata(ROLLOUT_TOKEN)))
+        fault_log.check("rollout auth", f"{rpc} with no token, a wrong token, a non-Bearer header; then with the token",
+                        "UNAUTHENTICATED each time without it; with it, past auth (refused for the request itself)",
+                        f"{sorted({c.name for c in codes.values()})}; with the token {with_token.name}",
+                        set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}
+                        and with_token in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION))
+
+
 STREAM_N, STREAM_TOKENS = 64, 124  # ~8k tokens: ~2 s on a quiet machine (8 x 124 ended before the Abort once)
 ABORT_TRIES = 3
 

@@ -22,8 +22,11 @@ EXPECTED = {
     + [f"HTTP / vllm serve tokens/s at concurrency {c}" for c in (1, 8, 64)],
     "bench_weight_sync.py": [label for b in ("1", "16") for label in (
         f"raw socket / push to 1 replica time, {b} MiB buckets",
+        f"raw socket / collective push to 1 replica time, {b} MiB buckets",
+        f"replica peak extra memory / bucket size, collective, {b} MiB buckets",
         f"push to 2 / push to 1 replica time, fanout, {b} MiB buckets",
-        f"push to 2 / push to 1 replica time, chain, {b} MiB buckets")],
+        f"push to 2 / push to 1 replica time, chain, {b} MiB buckets",
+        f"push to 2 / push to 1 replica time, collective, {b} MiB buckets")],
     "bench_dock.py": [f"dock / plain pipelines rows/s at GBS*n={rows}" for rows in (256, 4096)],
     "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
     "bench_reward.py": ["reward service / in-process verifiers samples/s"],

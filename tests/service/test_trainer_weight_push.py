@@ -1,4 +1,5 @@
-"""Weight push from the megatron model to real rollout replicas (vLLM) over gRPC: chain and fan-out.
+"""Weight push from the megatron model to real rollout replicas (vLLM): over gRPC (chain and fan-out) and
+over the collective path (gloo groups, gRPC control).
 
 The check is the one DESIGN.md asks every run to log: after a push, the rollout's log-probs of its
 own samples match the trainer's to 1e-3 (train_rollout_logprob_diff).
@@ -20,6 +21,7 @@ from trainer_helpers import megatron_tp1, tiny_hf_model  # noqa: E402
 from services.common.pb import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs  # noqa: E402
 from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
+from services.trainer.weights.collective_push import CollectiveSender  # noqa: E402
 from services.trainer.weights.weight_push import push_weights  # noqa: E402
 
 pytestmark = pytest.mark.service
@@ -90,6 +92,23 @@ def test_push_makes_rollout_match_the_trainer(replicas, trained, mode, version):
                           max_message_bytes=256 * 1024)
     assert result.failed == () and result.replicas_updated == 2 and result.num_buckets > 1
     assert result.bytes_sent == sum(t.numel() * 4 for t in gather_hf_weights(model, layout).values())
+    for address in addresses:
+        tokens, rollout_logprobs, served_version = sample(address)
+        assert served_version == version
+        assert logprob_diff(model, tokens, rollout_logprobs) < 1e-3
+
+
+def test_a_collective_push_makes_rollout_match_the_trainer(replicas, trained):
+    _, addresses = replicas
+    model, layout = trained
+    weights = gather_hf_weights(model, layout)
+    version = max(sample(a)[2] for a in addresses) + 1
+    sender = CollectiveSender(token="", stall_s=60.0, host="127.0.0.1")
+    try:
+        result = sender.push(weights, addresses, version, bucket_mb=0.25)
+    finally:
+        sender.close()
+    assert result.failed == () and result.replicas_updated == 2 and result.num_buckets > 1
     for address in addresses:
         tokens, rollout_logprobs, served_version = sample(address)
         assert served_version == version

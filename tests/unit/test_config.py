@@ -78,6 +78,8 @@ def test_config_is_frozen():
      r"rl_config\.actor_resource\.num_npus: 1 is not a multiple of tensor_model_parallel_size"),
     ({"rl_config": {"n_samples_per_prompt": 2, "kl_penalty": "k9"}}, r"rl_config\.kl_penalty: 'k9' is not one of"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "rollout": {"grpc_port": 70000}}, r"rollout\.grpc_port: 70000 is not a TCP port"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "trainer": {"weight_transport": "nccl"}},
+     r"trainer\.weight_transport: 'nccl' is not one of grpc, collective"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"warm_start_boxed_fraction": 1.5}},
      r"init_model\.warm_start_boxed_fraction: must be a share in \[0, 1\], got 1\.5"),
     ({"rl_config": {"n_samples_per_prompt": 2, "use_decoupled_loss": True, "behav_imp_weight_cap": 0.5}},

@@ -7,8 +7,10 @@ import torch
 from trainer_helpers import megatron_tp1, tiny_hf_model
 
 from services.trainer.modeling.checkpoint_convert import load_hf_state
-from services.common.weight_wire import MIB, TensorSlot, WeightBucket, chunk_messages, pack_bucket, plan_buckets, unpack_bucket
+from services.common.weight_wire import (MIB, TensorSlot, WeightBucket, bucket_slots, chunk_messages, pack_bucket, pack_into,
+                                         plan_buckets, unpack_bucket)
 from services.trainer.weights.gather import gather_hf_weights
+from services.trainer.weights.collective_push import CollectiveSender
 from services.trainer.weights.weight_push import push_weights
 
 
@@ -32,6 +34,24 @@ def test_pack_unpack_round_trip_is_exact():
     back = unpack_bucket(bucket)
     for name, t in tensors.items():
         assert back[name].dtype == t.dtype and back[name].shape == t.shape and torch.equal(back[name], t)
+
+
+def test_the_collective_layout_is_the_buckets_and_packs_in_place():
+    # the collective path sends bucket_slots' layout ahead of the bytes pack_into writes: both must be pack_bucket's
+    tensors = {**mixed_tensors(), "e.t": torch.randn(4, 3).t()}  # a non-contiguous view packs as its values
+    slots, nbytes = bucket_slots(tensors, tensors.keys(), torch.bfloat16)
+    bucket = pack_bucket(tensors, tensors.keys(), torch.bfloat16)
+    assert slots == bucket.tensors and nbytes == bucket.nbytes
+    flat = pack_into(tensors, slots, torch.empty(nbytes, dtype=torch.uint8))
+    back = unpack_bucket(WeightBucket(flat.numpy().tobytes(), slots))
+    assert torch.equal(back["e.t"], tensors["e.t"].to(torch.bfloat16)) and torch.equal(back["c.index"], tensors["c.index"])
+
+
+def test_the_collective_sender_refuses_bad_settings():
+    with pytest.raises(ValueError, match="trainer.push_stall_s: must be > 0, got 0"):
+        CollectiveSender("", 0, "127.0.0.1")
+    with pytest.raises(ValueError, match="addresses: no rollout replica to push to"):
+        CollectiveSender("", 5, "127.0.0.1").push(mixed_tensors(), [], 1, bucket_mb=1)
 
 
 def test_pack_casts_floating_tensors_only():

@@ -147,25 +147,27 @@ class WeightChunk(_message.Message):
     def __init__(self, version: _Optional[int] = ..., bucket_index: _Optional[int] = ..., num_buckets: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., bucket_nbytes: _Optional[int] = ..., data: _Optional[bytes] = ..., data_offset: _Optional[int] = ..., forward_to: _Optional[_Iterable[str]] = ..., num_tensors: _Optional[int] = ...) -> None: ...
 
 class UpdateWeightsResponse(_message.Message):
-    __slots__ = ("version", "bytes_received", "seconds", "replicas_updated", "apply_seconds")
+    __slots__ = ("version", "bytes_received", "seconds", "replicas_updated", "apply_seconds", "peak_extra_bytes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_UPDATED_FIELD_NUMBER: _ClassVar[int]
     APPLY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEAK_EXTRA_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: int
     bytes_received: int
     seconds: float
     replicas_updated: int
     apply_seconds: float
-    def __init__(self, version: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seconds: _Optional[float] = ..., replicas_updated: _Optional[int] = ..., apply_seconds: _Optional[float] = ...) -> None: ...
+    peak_extra_bytes: int
+    def __init__(self, version: _Optional[int] = ..., bytes_received: _Optional[int] = ..., seconds: _Optional[float] = ..., replicas_updated: _Optional[int] = ..., apply_seconds: _Optional[float] = ..., peak_extra_bytes: _Optional[int] = ...) -> None: ...
 
 class GetInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "version", "queue_depth", "max_queue", "tokens_per_second", "replica_id", "max_model_len")
+    __slots__ = ("model", "version", "queue_depth", "max_queue", "tokens_per_second", "replica_id", "max_model_len", "weight_group_ranks")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +175,7 @@ class InfoResponse(_message.Message):
     TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_GROUP_RANKS_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     queue_depth: int
@@ -180,4 +183,49 @@ class InfoResponse(_message.Message):
     tokens_per_second: float
     replica_id: str
     max_model_len: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_queue: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., replica_id: _Optional[str] = ..., max_model_len: _Optional[int] = ...) -> None: ...
+    weight_group_ranks: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_queue: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., replica_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_group_ranks: _Optional[int] = ...) -> None: ...
+
+class JoinWeightGroupRequest(_message.Message):
+    __slots__ = ("master_address", "master_port", "world_size", "timeout_s")
+    MASTER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    master_address: str
+    master_port: int
+    world_size: int
+    timeout_s: float
+    def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class JoinWeightGroupResponse(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: int
+    def __init__(self, ranks: _Optional[int] = ...) -> None: ...
+
+class TransferBucket(_message.Message):
+    __slots__ = ("nbytes", "tensors")
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    nbytes: int
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, nbytes: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
+
+class OpenWeightTransferRequest(_message.Message):
+    __slots__ = ("version", "buckets")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    buckets: _containers.RepeatedCompositeFieldContainer[TransferBucket]
+    def __init__(self, version: _Optional[int] = ..., buckets: _Optional[_Iterable[_Union[TransferBucket, _Mapping]]] = ...) -> None: ...
+
+class OpenWeightTransferResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FinishWeightTransferRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...

@@ -59,6 +59,21 @@ class RolloutStub:
                 request_serializer=services_dot_common_dot_pb_dot_rollout__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.JoinWeightGroup = channel.unary_unary(
+                '/dockrl.rollout.v1.Rollout/JoinWeightGroup',
+                request_serializer=services_dot_common_dot_pb_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+                _registered_method=True)
+        self.OpenWeightTransfer = channel.unary_unary(
+                '/dockrl.rollout.v1.Rollout/OpenWeightTransfer',
+                request_serializer=services_dot_common_dot_pb_dot_rollout__pb2.OpenWeightTransferRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.OpenWeightTransferResponse.FromString,
+                _registered_method=True)
+        self.FinishWeightTransfer = channel.unary_unary(
+                '/dockrl.rollout.v1.Rollout/FinishWeightTransfer',
+                request_serializer=services_dot_common_dot_pb_dot_rollout__pb2.FinishWeightTransferRequest.SerializeToString,
+                response_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.UpdateWeightsResponse.FromString,
+                _registered_method=True)
 
 
 class RolloutServicer:
@@ -94,6 +109,25 @@ class RolloutServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinWeightGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenWeightTransfer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishWeightTransfer(self, request, context):
+        """Answers once the transfer opened for `version` has loaded and the replica serves it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RolloutServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +155,21 @@ def add_RolloutServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.GetInfoRequest.FromString,
                     response_serializer=services_dot_common_dot_pb_dot_rollout__pb2.InfoResponse.SerializeToString,
+            ),
+            'JoinWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWeightGroup,
+                    request_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.JoinWeightGroupRequest.FromString,
+                    response_serializer=services_dot_common_dot_pb_dot_rollout__pb2.JoinWeightGroupResponse.SerializeToString,
+            ),
+            'OpenWeightTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenWeightTransfer,
+                    request_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.OpenWeightTransferRequest.FromString,
+                    response_serializer=services_dot_common_dot_pb_dot_rollout__pb2.OpenWeightTransferResponse.SerializeToString,
+            ),
+            'FinishWeightTransfer': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishWeightTransfer,
+                    request_deserializer=services_dot_common_dot_pb_dot_rollout__pb2.FinishWeightTransferRequest.FromString,
+                    response_serializer=services_dot_common_dot_pb_dot_rollout__pb2.UpdateWeightsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +307,87 @@ class Rollout:
             '/dockrl.rollout.v1.Rollout/GetInfo',
             services_dot_common_dot_pb_dot_rollout__pb2.GetInfoRequest.SerializeToString,
             services_dot_common_dot_pb_dot_rollout__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockrl.rollout.v1.Rollout/JoinWeightGroup',
+            services_dot_common_dot_pb_dot_rollout__pb2.JoinWeightGroupRequest.SerializeToString,
+            services_dot_common_dot_pb_dot_rollout__pb2.JoinWeightGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenWeightTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockrl.rollout.v1.Rollout/OpenWeightTransfer',
+            services_dot_common_dot_pb_dot_rollout__pb2.OpenWeightTransferRequest.SerializeToString,
+            services_dot_common_dot_pb_dot_rollout__pb2.OpenWeightTransferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishWeightTransfer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dockrl.rollout.v1.Rollout/FinishWeightTransfer',
+            services_dot_common_dot_pb_dot_rollout__pb2.FinishWeightTransferRequest.SerializeToString,
+            services_dot_common_dot_pb_dot_rollout__pb2.UpdateWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

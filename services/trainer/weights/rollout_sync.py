@@ -15,6 +15,7 @@ from services.common.errors import Unavailable
 from services.common.log import log_event
 from services.common.weight_wire import torch_dtype
 from services.dock.registry import ReplicaRegistry
+from services.trainer.weights.collective_push import CollectiveSender
 from services.trainer.weights.weight_push import PushResult, push_weights
 
 logger = logging.getLogger("dockrl.trainer")
@@ -31,6 +32,10 @@ class ReplicaSync:
         # replica id -> version last pushed to it: the registry learns a new version only at the
         # replica's next heartbeat, and one push of a version is enough.
         self._pushed: dict[str, int] = {}
+        tcfg = cfg.trainer
+        # trainer.weight_transport collective: the replicas' weight groups, kept from push to push
+        self._collective = (CollectiveSender(token, tcfg.push_stall_s, tcfg.weight_group_host or tcfg.host)
+                            if tcfg.weight_transport == "collective" else None)
 
     def live_addresses(self) -> list[str]:
         """gRPC addresses of the live rollout replicas, sorted by replica id."""
@@ -47,10 +52,13 @@ class ReplicaSync:
 
     def _push(self, weights: dict[str, torch.Tensor], addresses: list[str], version: int) -> PushResult:
         tcfg = self._cfg.trainer
-        result = push_weights(weights, addresses, version, bucket_mb=tcfg.bucket_mb, mode=tcfg.push_mode, token=self._token,
-                              dtype=self._dtype, stall_s=tcfg.push_stall_s)
+        if self._collective is not None:
+            result = self._collective.push(weights, addresses, version, bucket_mb=tcfg.bucket_mb, dtype=self._dtype)
+        else:
+            result = push_weights(weights, addresses, version, bucket_mb=tcfg.bucket_mb, mode=tcfg.push_mode, token=self._token,
+                                  dtype=self._dtype, stall_s=tcfg.push_stall_s)
         log_event(logger, "weights pushed", version=version, replicas=result.replicas_updated, mb=f"{result.bytes_sent / 2**20:.1f}",
-                  seconds=f"{result.seconds:.2f}", failed=len(result.failed))
+                  seconds=f"{result.seconds:.2f}", failed=len(result.failed), transport=tcfg.weight_transport)
         for failure in result.failed:
             log_event(logger, "replica missed the push", level=logging.WARNING, detail=failure)
         return result

@@ -36,6 +36,7 @@ class PushResult:
     num_buckets: int
     replicas_updated: int  # replicas that answered with the new version (chain: counted by the head)
     failed: tuple[str, ...]  # "address: error" for each stream that failed
+    replica_peak_extra_bytes: int = 0  # collective path: the largest peak resident memory a replica's worker added while receiving
 
 
 class _Stream:
@@ -139,14 +140,15 @@ def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], vers
             response = s.outcome(answer_deadline)
             updated += max(1, response.replicas_updated)
         except Exception as exc:  # grpc.RpcError, cancellations and timeouts: this replica missed the push
-            reason = f"STALLED: no progress for {stall_s:.0f} s (hung or stopped?)" if s.stalled else _describe(exc)
+            reason = f"STALLED: no progress for {stall_s:.0f} s (hung or stopped?)" if s.stalled else describe_rpc_error(exc)
             failed.append(f"{s.address}: {reason}")
     for s in streams:
         s.close()
     return PushResult(version, sent, time.perf_counter() - start, len(plan), updated, tuple(failed))
 
 
-def _describe(exc: BaseException) -> str:
+def describe_rpc_error(exc: BaseException) -> str:
+    """A failed call as "CODE details" for a gRPC error, else the exception's repr."""
     code = getattr(exc, "code", None)
     details = getattr(exc, "details", None)
     if callable(code) and callable(details):

@@ -1,0 +1,172 @@
+"""dockrl's gloo backend for vLLM's weight-transfer engines (`vllm/distributed/weight_transfer`).
+
+vLLM's own backends (nccl, ipc, ...) all need CUDA; this one moves the same buckets over a gloo
+group, so the collective path runs on the CPU platform too. It runs in each vLLM worker process:
+`register_backend` puts it in vLLM's engine factory under BACKEND (the worker extension module
+calls it on import, which happens in the worker before the model loads), and the serve arguments
+name BACKEND in `--weight-transfer-config`.
+
+One group per replica: the trainer is rank 0, this replica's workers ranks 1..N. A transfer is
+`start_weight_update` (vLLM's layerwise reload: each layer's old tensors move aside), then
+`update_weights` with the transfer's layout: each bucket is broadcast into one flat buffer and
+handed to `model.load_weights` as views, so a layer is loaded and processed (q/k/v and gate/up
+fused, CPU GEMM weights repacked) as soon as all of its parts are in, and a bucket is freed once
+no unfinished layer refers to it. Extra memory is about one bucket plus the layer being processed,
+not a copy of the model.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
+
+from services.common.weight_wire import torch_dtype
+from services.rollout.engine import GLOO_BACKEND as BACKEND
+TRAINER_RANK = 0  # the sender in every group
+
+
+@dataclass
+class GlooInitInfo(WeightTransferInitInfo):
+    """Where the trainer's rendezvous is and this replica's place in the group."""
+
+    master_address: str
+    master_port: int
+    world_size: int  # 1 (the trainer) + this replica's workers
+    timeout_s: float  # a broadcast that makes no progress this long raises (trainer.push_stall_s)
+    rank_offset: int = 1  # the trainer holds rank 0
+
+
+@dataclass
+class GlooUpdateInfo(WeightTransferUpdateInfo):
+    """A whole transfer's layout: per bucket its bytes and its tensors (name, dtype, shape, offset, nbytes)."""
+
+    buckets: list[tuple[int, list[tuple[str, str, list[int], int, int]]]]
+
+
+class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+    """Receives broadcast buckets straight into the model through vLLM's layerwise reload."""
+
+    init_info_cls = GlooInitInfo
+    update_info_cls = GlooUpdateInfo
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group = None
+        # of the last transfer: peak resident memory above the level at its start, and where its time went
+        self.stats = {"peak_extra_bytes": 0, "wait_s": 0.0, "load_s": 0.0}
+
+    def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
+        """Joins the trainer's group (blocks until every rank has); leaves a previous group first."""
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+        self.shutdown()
+        rank = init_info.rank_offset + self.parallel_config.data_parallel_index * self.parallel_config.world_size + self.parallel_config.rank
+        self.group = stateless_init_torch_distributed_process_group(
+            init_info.master_address, init_info.master_port, rank, init_info.world_size, "gloo",
+            timeout=timedelta(seconds=init_info.timeout_s),
+        )
+
+    def start_weight_update(self) -> None:
+        """Moves the layers' tensors aside so each loads and processes as soon as its parts arrive."""
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        """Processes what is left (attention layers, anything not loaded) and puts the tensors back in place."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Receives the whole transfer. Unlike the base class, no accelerator sync: gloo's wait() is the end of a
+        broadcast. On failure (a broken or stalled group) the layers are put back before the error goes up, so the
+        model holds tensors again, and the group is left: the trainer builds a new one for its next push."""
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+        except BaseException:
+            self.finish_weight_update()
+            self.shutdown()
+            raise
+
+    def receive_weights(self, update_info: GlooUpdateInfo) -> None:
+        """Receives each bucket from the trainer and loads it into the model."""
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        if self.group is None:
+            raise RuntimeError("weight transfer: this worker has not joined a weight group (JoinWeightGroup first)")
+        baseline = _reset_peak_rss()
+        wait_s = load_s = 0.0
+        with disable_mtp_completeness_check():
+            for nbytes, tensors in update_info.buckets:
+                flat = torch.empty(nbytes, dtype=torch.uint8)
+                start = time.perf_counter()
+                self.group.broadcast(flat, TRAINER_RANK).wait()
+                received = time.perf_counter()
+                self.model.load_weights(
+                    (name, flat[offset: offset + size].view(torch_dtype(dtype)).view(shape))
+                    for name, dtype, shape, offset, size in tensors
+                )
+                del flat  # the layers still loading hold their own views of it
+                # glibc keeps freed buckets resident and, with several arenas, often allocates the next one
+                # elsewhere: untrimmed, resident memory grew by about the model's size over a push (measured)
+                _trim_heap()
+                wait_s += received - start
+                load_s += time.perf_counter() - received
+        self.stats = {"peak_extra_bytes": _peak_rss() - baseline, "wait_s": wait_s, "load_s": load_s}
+
+    def shutdown(self) -> None:
+        """Leaves the group, if any."""
+        self.group = None  # gloo closes its connections when the group is collected
+
+
+def register_backend() -> None:
+    """Puts this engine in vLLM's factory under BACKEND (once per process)."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    if BACKEND not in WeightTransferEngineFactory._registry:  # the factory refuses a second registration
+        WeightTransferEngineFactory.register_engine(BACKEND, __name__, GlooWeightTransferEngine.__name__)
+
+
+def _reset_peak_rss() -> int:
+    """Resets this process's peak resident size to its current one (Linux); returns the current size in bytes.
+
+    Freed heap first goes back to the system (glibc's malloc_trim): the buckets of an earlier push
+    would otherwise still be resident, and this push's buckets would reuse them without raising the peak.
+    """
+    _trim_heap()
+    try:
+        with open(f"/proc/{os.getpid()}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux, or not allowed: the peak then counts from the process's start
+        pass
+    return _status_bytes("VmRSS")
+
+
+def _trim_heap() -> None:
+    """Returns the heap's free memory to the system (glibc's malloc_trim; nothing elsewhere)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _peak_rss() -> int:
+    return _status_bytes("VmHWM")
+
+
+def _status_bytes(field: str) -> int:
+    try:
+        with open(f"/proc/{os.getpid()}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
