@@ -343,10 +343,11 @@ class Dock:
         while True:
             # The holder's name in the id tells an operator (or a test) whose claim holds a row.
             lease_id = f"{self.holder}/{uuid.uuid4().hex}" if self.holder else uuid.uuid4().hex
+            # how long (ms) this claim waits for a wake-up if it finds too few rows; 0: it will not wait
+            wait_ms = math.ceil(max(0.0, min(self._poll_s, deadline - time.monotonic())) * 1000)
             reply = self._write("claim", (consumer, lease_id, self._lease_ms, count, min_count, int(group),
                                           int(layout.guarantee_order), lo, hi, int(rollout), max_age,
-                                          int(partial and not rollout), len(columns), *columns, len(wanted), *wanted,
-                                          self._wait_ms(deadline)),
+                                          int(partial and not rollout), len(columns), *columns, len(wanted), *wanted, wait_ms),
                                 "claim", adopt=lambda reply: (consumer, lease_id, reply[2:2 + reply[1]]))
             left = deadline - time.monotonic()
             if reply[1] or left <= 0:
@@ -359,11 +360,6 @@ class Dock:
         values = {name: [None if blob is None else codec.decode(blob) for blob in reply[2 + (2 + c) * rows:2 + (3 + c) * rows]]
                   for c, name in enumerate(wanted)}
         return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, values)
-
-    def _wait_ms(self, deadline: float) -> int:
-        """How long (ms) a claim that finds too few rows will wait for a wake-up before asking again; 0: it will not."""
-        left = deadline - time.monotonic()
-        return max(0, math.ceil(min(self._poll_s, left) * 1000)) if left > 0 else 0
 
     def _await_wake(self, consumer: str, timeout_s: float) -> None:
         """Waits up to `timeout_s` for a put or release to wake `consumer` (the claim that found

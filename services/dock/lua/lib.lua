@@ -205,7 +205,6 @@ local function drop_rows(meta, rows)
   batched('ZREM', k('age'), groups)
 end
 
--- Deletes every data key of the run: every row's values, flags, leases, ages (not meta).
 -- Wakes the consumers whose claims found nothing and wait (claim.lua put them in `waiting` with
 -- the end of their wait): one token on each one's wake key, which its BLPOP in client.py takes.
 -- A token nobody took (the wait ended first) goes a second after the wait's end.
@@ -224,6 +223,7 @@ local function wake_consumers()
   redis.call('DEL', k('waiting'))
 end
 
+-- Deletes every data key of the run: every row's values, flags, leases, ages (not meta).
 local function delete_pool(meta)
   local keys = {k('live'), k('version'), k('rowage'), k('age'), k('done'), k('waiting')}
   local capacity = tonumber(meta.capacity)
