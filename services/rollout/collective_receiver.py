@@ -24,7 +24,7 @@ from services.common.log import log_event
 from services.common.pb import rollout_pb2
 from services.common.weight_wire import TensorSpec
 from services.rollout.engine import RolloutEngine, dead_engine_is_unavailable
-from services.rollout.weight_receiver import check_all_present, check_tensor
+from services.rollout.weight_receiver import check_all_present, check_bucket
 
 log = logging.getLogger("dockrl.rollout.weights")
 MAX_PORT = 65535
@@ -103,12 +103,7 @@ class CollectiveReceiver:
         seen: set[str] = set()
         buckets = []
         for index, bucket in enumerate(request.buckets):
-            if not 0 < bucket.nbytes <= self.model_nbytes:
-                raise InvalidArgument(f"buckets[{index}].nbytes", f"must be in [1, {self.model_nbytes}] (the served model's bytes), "
-                                                                  f"got {bucket.nbytes}")
-            for meta in bucket.tensors:
-                check_tensor(self.spec, meta, seen, bucket.nbytes)
-                seen.add(meta.name)
+            check_bucket(self.spec, self.model_nbytes, f"buckets[{index}].nbytes", bucket.nbytes, bucket.tensors, seen)
             buckets.append((bucket.nbytes, [(t.name, t.dtype, list(t.shape), t.offset, t.nbytes) for t in bucket.tensors]))
         check_all_present(self.spec, seen)
         return buckets

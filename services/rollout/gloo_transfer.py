@@ -28,6 +28,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 
 from services.common.weight_wire import torch_dtype
 from services.rollout.engine import GLOO_BACKEND as BACKEND
+
 TRAINER_RANK = 0  # the sender in every group
 
 

@@ -59,6 +59,18 @@ def check_tensor(spec: dict[str, TensorSpec], meta: rollout_pb2.TensorMeta, seen
         raise InvalidArgument(f"{where}.offset", f"[{meta.offset}, {meta.offset + meta.nbytes}) lies outside the bucket's {bucket_nbytes} bytes")
 
 
+def check_bucket(spec: dict[str, TensorSpec], model_nbytes: int, field: str, nbytes: int,
+                 tensors, seen: set[str]) -> None:
+    """Raises InvalidArgument unless a bucket of `nbytes` (named `field`) fits in the served model's
+    `model_nbytes` and each of its `tensors` passes check_tensor; adds their names to `seen`.
+    The size is checked first: a receiver allocates the bucket after, and a huge one must not exhaust memory."""
+    if not 0 < nbytes <= model_nbytes:
+        raise InvalidArgument(field, f"must be in [1, {model_nbytes}] (the served model's bytes), got {nbytes}")
+    for meta in tensors:
+        check_tensor(spec, meta, seen, nbytes)
+        seen.add(meta.name)
+
+
 def check_all_present(spec: dict[str, TensorSpec], seen: set[str]) -> None:
     """Raises InvalidArgument naming the served model's tensors a push lacks."""
     missing = sorted(set(spec) - seen)
@@ -170,14 +182,7 @@ class WeightReceiver:
             raise InvalidArgument(
                 "bucket_index", f"expected bucket {push.buckets_done} of {push.num_buckets}, got {chunk.bucket_index}"
             )
-        if not 0 < chunk.bucket_nbytes <= self.model_nbytes:
-            # checked before the buffer is allocated: a huge bucket_nbytes must not exhaust memory
-            raise InvalidArgument(
-                "bucket_nbytes", f"must be in [1, {self.model_nbytes}] (the served model's bytes), got {chunk.bucket_nbytes}"
-            )
-        for meta in chunk.tensors:
-            check_tensor(self.spec, meta, push.seen, chunk.bucket_nbytes)
-            push.seen.add(meta.name)
+        check_bucket(self.spec, self.model_nbytes, "bucket_nbytes", chunk.bucket_nbytes, chunk.tensors, push.seen)
         push.bucket = _Bucket(chunk.bucket_index, list(chunk.tensors), bytearray(chunk.bucket_nbytes))
 
     def _check_complete(self, push: _Push | None) -> None:
