@@ -23,9 +23,34 @@ reports every error with its key path. `--set section.key=value` overrides a key
 
 The `*_dispatch_size` keys of `rl_config`, when unset, are derived as MindSpeed-RL derives them:
 `global_batch_size * n_samples_per_prompt / dp`, where dp is `rollout.replicas` for
-`actor_rollout_dispatch_size`, the actor's data-parallel size (`actor_resource.num_npus / (TP * PP)`)
-for the logprob, ref and update sizes, and 1 for `adv_dispatch_size` and `reward_dispatch_size`.
+`actor_rollout_dispatch_size` and 1 for `reward_dispatch_size`. The trainer takes each iteration's
+rows in one claim and computes log-probs, advantages and the update itself, so MindSpeed-RL's
+`actor_logprob`, `ref`, `adv` and `actor_update` dispatch sizes have no counterpart here.
 `mini_batch_size` defaults to `global_batch_size * n_samples_per_prompt`.
+
+### MindSpeed-RL's layout
+
+A config written in MindSpeed-RL's layout loads as it is (any of `defaults`, `actor_config`,
+`ref_config`, `critic_config`, `msprobe_config` marks one; `services/common/mindspeed_layout.py`):
+
+- `defaults: - model: [NAME]` loads `model/NAME.yaml` beside the config. dockrl builds the model
+  from the checkpoint's `config.json`, so the model file is checked against it (`num_layers`,
+  `hidden_size`, `num_query_groups`, ... must agree; RMSNorm, RoPE and SwiGLU must be what it names)
+  where the checkpoint is present.
+- `actor_config` is merged over `megatron_training` as MindSpeed-RL merges it. `ref_config` and
+  `critic_config` must match the actor's settings (both run in the trainer's processes), except the
+  critic's `lr`, which becomes `megatron_training.critic_lr`. MindSpeed-RL's `load` is the Megatron
+  checkpoint converted from `tokenizer_name_or_path`; dockrl starts from that Hugging Face directory.
+- Switches that select Ascend kernels (`use_flash_attn`, `use_fused_rmsnorm`, ...), Ray resources
+  (`num_cpus_for_local_task`), colocation (`use_integrated_worker`, `offload_train_*`) and
+  `sequence_parallel` (not built: the same results at more activation memory) are dropped, each
+  with a line saying why; values that cannot run here (dropout, `no_save_optim: true`, a `split`
+  with held-out shares, `infer_expert_parallel_size` > 1, `msprobe: true`) are errors naming the key.
+- `shuffle_minibatch` is `shuffle_mini_batch`; `filter_groups_metric: grpo/NAME_rewards/mean` is the
+  sample's verifier reward (`acc`); `profiler_config.integrated` is `profiler_config.trainer`.
+
+`dockrl config check --config FILE` prints every change; `dockrl config import FILE --out OUT`
+writes the equivalent dockrl config.
 """
 
 OUTRO = """## Tiny model and data

@@ -89,9 +89,11 @@ def _cmd_data_preprocess(args: argparse.Namespace) -> int:
 def _cmd_config_check(args: argparse.Namespace) -> int:
     import yaml
 
-    from services.common.config import ConfigError, config_to_dict, load_config
+    from services.common.config import ConfigError, config_to_dict, load_config, read_config_file
 
     try:
+        for change in read_config_file(args.config).changes:
+            print(f"MindSpeed-RL layout: {change}")
         cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
@@ -101,6 +103,32 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
     else:
         print(f"config OK: {cfg.samples_per_iteration} samples per iteration, "
               f"actor_rollout_dispatch_size={cfg.rl_config.actor_rollout_dispatch_size}")
+    return 0
+
+
+def _cmd_config_import(args: argparse.Namespace) -> int:
+    import pathlib
+
+    import yaml
+
+    from services.common.config import ConfigError, config_from_dict, read_config_file
+
+    try:
+        translation = read_config_file(args.file)
+        config_from_dict(translation.data)
+        if translation.errors:
+            raise ConfigError(translation.errors)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    for change in translation.changes:
+        print(change)
+    text = yaml.safe_dump(translation.data, sort_keys=False)
+    if args.out:
+        pathlib.Path(args.out).write_text(f"# dockrl config imported from MindSpeed-RL's {args.file}\n" + text)
+        print(f"wrote {args.out} ({len(translation.changes)} changes)")
+    else:
+        print(text)
     return 0
 
 
@@ -145,13 +173,20 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.set_defaults(func=_cmd_data_make_arithmetic)
 
-    cfg = sub.add_parser("config", help="validate a run config")
+    cfg = sub.add_parser("config", help="validate a run config, or import one in MindSpeed-RL's layout")
     csub = cfg.add_subparsers(dest="config_command", required=True)
     p = csub.add_parser("check", help="load and validate a config; every error names its key",
                         description="Loads CONFIG with the same validation the services apply at start-up.")
     _add_config_args(p)
     p.add_argument("--print", action="store_true", help="print the resolved config (defaults and derived dispatch sizes filled in)")
     p.set_defaults(func=_cmd_config_check)
+    p = csub.add_parser("import", help="write a MindSpeed-RL config in dockrl's layout and list every change",
+                        description="Reads FILE in MindSpeed-RL's layout (defaults model files, actor/ref/critic_config merged "
+                                    "over megatron_training, its Megatron and Ray switches) and writes the dockrl config "
+                                    "it is equivalent to. Keys that cannot run here are errors naming the key and why.")
+    p.add_argument("file", metavar="FILE", help="the MindSpeed-RL config YAML (its model files in model/ beside it)")
+    p.add_argument("--out", default=None, help="write the dockrl config here (default: print it)")
+    p.set_defaults(func=_cmd_config_import)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import os
 import pathlib
 import types
@@ -18,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from services.common.mindspeed_layout import Translation, load_translated
+
+log = logging.getLogger("dockrl.config")
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "tiny_cpu.yaml"
 
@@ -128,10 +132,6 @@ class RLConfig:
     actor_resource: ActorResource = field(default_factory=ActorResource)
     # Derived at load as MindSpeed-RL derives them when left unset.
     actor_rollout_dispatch_size: int | None = None  # samples per rollout claim
-    actor_logprob_dispatch_size: int | None = None  # samples per old-logprob claim
-    ref_dispatch_size: int | None = None  # samples per reference-logprob claim
-    adv_dispatch_size: int | None = None  # samples per advantage claim
-    actor_update_dispatch_size: int | None = None  # samples per update claim
     reward_dispatch_size: int | None = None  # samples per reward claim
 
 
@@ -144,6 +144,7 @@ class MegatronTrainingConfig:
     load: str = ""  # Hugging Face checkpoint the run starts from
     save: str = ""  # checkpoint directory
     data_path: str = ""  # preprocessed prompts (dockrl data preprocess)
+    no_shuffle: bool = False  # hand out prompts in file order each epoch instead of a seeded shuffle (rl_config.guarantee_order implies it)
     global_batch_size: int = 1  # prompts per iteration
     micro_batch_size: int = 1  # samples per forward/backward
     seq_length: int = 4096  # longest prompt + response the trainer handles
@@ -486,18 +487,17 @@ def _check_sentinel_keys(dock: DockConfig, errors: list[str]) -> None:
 
 
 def _derive_dispatch_sizes(cfg: Config, errors: list[str]) -> Config:
-    """Fills unset *_dispatch_size keys as MindSpeed-RL does: GBS * n / data-parallel size."""
+    """Fills unset *_dispatch_size keys as MindSpeed-RL does: GBS * n / data-parallel size.
+
+    Only the rollout and reward consumers claim by dispatch size: the trainer takes each iteration's
+    GBS x n rows in one claim, so MindSpeed-RL's actor_logprob, ref, adv and actor_update sizes have
+    no counterpart (a MindSpeed-RL layout file's are dropped with that reason)."""
     rl = cfg.rl_config
     total = cfg.samples_per_iteration
-    actor_dp = cfg.actor_data_parallel_size
     rollout_dp = cfg.rollout.replicas
     n = rl.n_samples_per_prompt
     derived = {
         "actor_rollout_dispatch_size": (rl.actor_rollout_dispatch_size, rollout_dp),
-        "actor_logprob_dispatch_size": (rl.actor_logprob_dispatch_size, actor_dp),
-        "ref_dispatch_size": (rl.ref_dispatch_size, actor_dp),
-        "actor_update_dispatch_size": (rl.actor_update_dispatch_size, actor_dp),
-        "adv_dispatch_size": (rl.adv_dispatch_size, 1),
         "reward_dispatch_size": (rl.reward_dispatch_size, 1),
     }
     values = {}
@@ -797,6 +797,21 @@ def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequen
 
     Precedence: the file, then `DOCKRL__SECTION__KEY` environment variables, then `overrides`.
     """
+    translation = read_config_file(path)
+    for change in translation.changes:
+        log.info("MindSpeed-RL layout: %s", change)
+    try:
+        cfg = config_from_dict(translation.data, [*env_overrides(), *overrides])
+    except ConfigError as exc:
+        raise ConfigError([*translation.errors, *exc.errors]) from None
+    if translation.errors:
+        raise ConfigError(translation.errors)
+    return cfg
+
+
+def read_config_file(path: str | pathlib.Path | None = None) -> Translation:
+    """The YAML at `path` (default: the embedded tiny CPU config) in dockrl's layout: a file in MindSpeed-RL's
+    layout comes back translated, with its changes and the keys that cannot run (docs/config.md)."""
     path = pathlib.Path(path) if path else DEFAULT_CONFIG
     try:
         data = yaml.safe_load(path.read_text())
@@ -806,7 +821,7 @@ def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequen
         raise ConfigError([f"{path}: not valid YAML: {exc}"]) from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections"])
-    return config_from_dict(data or {}, [*env_overrides(), *overrides])
+    return load_translated(data or {}, path)
 
 
 def config_to_dict(cfg: Config) -> dict:

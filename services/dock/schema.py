@@ -56,17 +56,13 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
     ColumnSpec("response_length", "int32"),  # []
     ColumnSpec("rollout_log_probs", "float32", (None,)),  # [L] the rollout engine's log p
     ColumnSpec("versions", "int32", (None,)),  # [L] policy version that generated each token
-    ColumnSpec("finish_reason", "utf8"),  # stop | length | abort
+    ColumnSpec("finish_reason", "utf8"),  # a FinishReason value: stop | length | abort | failed (services/common/sample.py)
     ColumnSpec("rm_scores", "float32"),  # [] reward of the whole response
     ColumnSpec("rm_parts", "float32", (None,)),  # [V] each verifier's score (rl_config.verifier_function order), before weighting
     ColumnSpec("rm_model", "float32"),  # [] the reward model's score, before weighting (from reward-model replicas, when they run apart)
-    ColumnSpec("token_level_rewards", "float32", (None,)),  # [L]
-    ColumnSpec("old_log_prob", "float32", (None,)),  # [L]
-    ColumnSpec("ref_log_prob", "float32", (None,)),  # [L]
-    ColumnSpec("values", "float32", (None,)),  # [L] critic (PPO)
-    ColumnSpec("returns", "float32", (None,)),  # [L] (PPO)
-    ColumnSpec("advantages", "float32", (None,)),  # [L]
 )
+# The trainer computes old and reference log-probs, values, returns and advantages on each iteration in
+# its own processes (they never travel), so the pool holds no column for them; a layout may add columns.
 
 
 # MindSpeed-RL's consumer names and the rl_config key that sizes each one's claims.
@@ -74,11 +70,8 @@ DISPATCH_SIZE_KEYS: dict[str, str] = {
     "actor_rollout": "actor_rollout_dispatch_size",
     "rule_reward": "reward_dispatch_size",
     "model_reward": "reward_dispatch_size",  # reward-model replicas, when they run apart from the rule ones
-    "actor_log_prob": "actor_logprob_dispatch_size",
-    "ref_log_prob": "ref_dispatch_size",
-    "compute_advantage": "adv_dispatch_size",
-    "actor_train": "actor_update_dispatch_size",
 }
+# The trainer's `actor_train` claims name their count: each iteration's GBS x n rows, in one claim.
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from services.common.config import Config
 from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from services.common.log import log_event
 from services.common.metrics import counter
+from services.common.sample import FinishReason
 from services.dock.timeline import Span, Timeline
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.sampling import SamplingOverrides, sample_seed
@@ -267,7 +268,7 @@ class DockWorker:
                 return RowResult(index, sample, finished=False)
             except InvalidArgument as exc:  # this row cannot be generated; it goes back as failed
                 log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
-                sample.finish_reason = "failed"
+                sample.finish_reason = FinishReason.FAILED.value
                 return RowResult(index, sample, finished=True)
         prior = len(sample.token_ids)
         running.requests[index] = stream.request_id
@@ -276,5 +277,5 @@ class DockWorker:
                 sample.add(delta)
         finally:
             running.requests.pop(index, None)
-        finished = sample.finish_reason == "stop" or len(sample.token_ids) >= self.max_tokens
+        finished = sample.finish_reason == FinishReason.STOP.value or len(sample.token_ids) >= self.max_tokens
         return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from services.common import metrics
 from services.common.config import Config
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.common.sample import FinishReason
 from services.rollout.sampling import ResolvedSampling, SamplingOverrides, resolve
 
 WORKER_EXTENSION = "services.rollout.worker_extension.WeightStagingExtension"
@@ -46,7 +47,7 @@ class CompletionDelta:
     logprobs: list[float]  # [T] log p of each new token; empty when not asked
     top_logprobs: list[dict[int, float]]  # [T] top-k alternatives per token; empty unless logprobs >= 1
     version: int  # policy version serving when these tokens were produced
-    finish_reason: str | None  # "stop" | "length" | "abort" on the last delta
+    finish_reason: str | None  # a FinishReason value ("stop" | "length" | "abort") on the last delta
 
 
 @dataclass
@@ -183,8 +184,8 @@ class GenerationStream:
             # an Abort ends vLLM's stream without a last output: close each open completion here
             for index in sorted(set(range(self.sampling.n)) - finished):
                 finished.add(index)
-                FINISHED_REQUESTS.labels("abort").inc()
-                yield CompletionDelta(index, [], "", [], [], self.engine.version, "abort")
+                FINISHED_REQUESTS.labels(FinishReason.ABORT.value).inc()
+                yield CompletionDelta(index, [], "", [], [], self.engine.version, FinishReason.ABORT.value)
         finally:
             if len(finished) < self.sampling.n and not self.engine.llm.errored:
                 await self.engine.llm.abort(self.request_id)

@@ -33,13 +33,13 @@ def _paths(base: pathlib.Path) -> list[str]:
 
 @pytest.fixture
 def run_up(warm_model, tmp_path):
-    """Runs `dockrl up` on the tiny config with overrides; returns (metrics rows, summary, log dir).
-    `name` keeps several runs of one test apart (their logs and checkpoints live under tmp_path/name)."""
+    """Runs `dockrl up` on the tiny config (or `config`, a path under the repo) with overrides; returns (metrics rows,
+    summary, log dir). `name` keeps several runs of one test apart (their logs and checkpoints live under tmp_path/name)."""
 
-    def run(*overrides: str, timeout_s: float = 900.0, name: str = ""):
+    def run(*overrides: str, timeout_s: float = 900.0, name: str = "", config: str = "configs/tiny_cpu.yaml"):
         base = tmp_path / name
         log_dir = base / "logs"
-        argv = [sys.executable, "-m", "services", "up", str(ROOT / "configs/tiny_cpu.yaml"),
+        argv = [sys.executable, "-m", "services", "up", str(ROOT / config),
                 *[f"--set={o}" for o in _paths(warm_model)],
                 f"--set=trainer.log_dir={log_dir}", f"--set=megatron_training.save={base}/ckpt",
                 "--set=rollout.grpc_port=0", "--set=rollout.http_port=0", "--set=reward.grpc_port=0", "--set=trainer.grpc_port=0",

@@ -99,12 +99,12 @@ def test_partial_rollout_resumes_truncated_samples(run_up):
 
 
 def test_dapo_runs_end_to_end_with_dynamic_sampling(run_up):
+    # The DAPO keys come from a config in MindSpeed-RL's layout (defaults model file, actor_config, its switches).
     iters = 4
-    metrics, summary, log_dir = run_up(
-        f"megatron_training.train_iters={iters}", "trainer.eval_data_path=", "trainer.test_data_path=",
-        "rl_config.clip_higher_enable=true", "rl_config.clip_ratio_high=0.28", "rl_config.token_level_loss=true",
-        "rl_config.filter_groups_enable=true", "rl_config.filter_groups_max_batches=3",
-        "rl_config.overlong_buffer_enable=true", "rl_config.overlong_buffer=4")
+    metrics, summary, log_dir = run_up("trainer.eval_data_path=", "trainer.test_data_path=",
+                                       config="tests/fixtures/mindspeed/tiny_dapo.yaml")
+    resolved = resolved_config(log_dir)["rl_config"]
+    assert resolved["clip_higher_enable"] and resolved["filter_groups_max_batches"] == 3 and resolved["overlong_buffer"] == 4
     records = steps(metrics)
     assert len(records) == iters
     # Dynamic sampling trains only groups whose scores differ, and counts the dropped ones.
@@ -115,12 +115,11 @@ def test_dapo_runs_end_to_end_with_dynamic_sampling(run_up):
 
 
 def test_ppo_runs_end_to_end_with_a_critic_and_the_adaptive_kl_controller(run_up):
+    # A config in MindSpeed-RL's layout: the critic's own lr comes from its critic_config section.
     iters = 3
-    metrics, summary, log_dir = run_up(
-        f"megatron_training.train_iters={iters}", "trainer.eval_data_path=", "trainer.test_data_path=",
-        "rl_config.adv_estimator=gae", "rl_config.use_kl_in_reward=true", "rl_config.init_kl_coef=0.01",
-        "rl_config.kl_ctrl_type=adaptive", "rl_config.kl_target=0.0001", "rl_config.kl_horizon=256",
-        "rl_config.mini_batch_size=64", "rl_config.epochs=2")
+    metrics, summary, log_dir = run_up("trainer.eval_data_path=", "trainer.test_data_path=",
+                                       config="tests/fixtures/mindspeed/tiny_ppo.yaml")
+    assert resolved_config(log_dir)["megatron_training"]["critic_lr"] == 5.0e-4
     records = steps(metrics)
     assert len(records) == iters
     assert all(r["critic/optimizer_steps"] == 4 and r["actor/optimizer_steps"] == 4 for r in records)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from services.common.config import config_from_dict
+from services.common.sample import FinishReason
 from services.common.preprocess import PromptRecord
 from services.dock.schema import DockLayout
 from services.trainer.loop.iteration_data import RunAccounting, ack_batch, collect_iteration
@@ -25,7 +26,9 @@ class Workers:
 
     def __init__(self, dock, fail_rows: set[int] = frozenset()):
         self.dock, self.version, self.stop = dock, 0, threading.Event()
-        self.fail_rows = set(fail_rows)  # these rows get no token, as the rollout worker stores a row it could not generate
+        # These rows end "failed", as the rollout worker stores a row the engine refused; they keep a token
+        # (one an earlier partial-rollout split gave them), so only the finish reason marks them.
+        self.fail_rows = set(fail_rows)
         self.failed_prompts: list[list[int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -41,14 +44,16 @@ class Workers:
         while not self.stop.is_set():
             claim = self.dock.claim("actor_rollout", ["prompts"], N, timeout_s=0.05)
             if claim is not None:
-                responses = [np.array([] if i in self.fail_rows else [p[0], 7], np.int32)
+                responses = [np.array([p[0]] if i in self.fail_rows else [p[0], 7], np.int32)
                              for i, p in zip(claim.indexes, claim.columns["prompts"])]
+                reasons = [FinishReason.FAILED.value if i in self.fail_rows else FinishReason.STOP.value for i in claim.indexes]
                 self.failed_prompts += [list(p) for i, p in zip(claim.indexes, claim.columns["prompts"]) if i in self.fail_rows]
                 self.fail_rows -= set(claim.indexes)  # once: the slot's next prompt generates
                 self.dock.put(claim.indexes, {
                     "responses": responses, "response_length": [len(r) for r in responses],
                     "rollout_log_probs": [np.full(len(r), -0.5, np.float32) for r in responses],
-                    "versions": [np.full(len(r), self.version, np.int32) for r in responses]}, lease=claim.lease)
+                    "versions": [np.full(len(r), self.version, np.int32) for r in responses], "finish_reason": reasons},
+                    lease=claim.lease)
             claim = self.dock.claim("rule_reward", ["responses"], N, timeout_s=0.05)
             if claim is not None:
                 scores = [float(i % 2) for i in claim.indexes]
@@ -112,12 +117,12 @@ def test_groups_older_than_version_minus_eta_are_dropped_counted_and_replaced(do
 
 @pytest.mark.parametrize("eta", [0, 1])
 def test_a_group_with_a_failed_row_is_dropped_counted_and_replaced_not_the_end_of_the_run(dock_factory, eta):
-    """A row the rollout could not generate (e.g. a prompt past the engine's context) comes back with no token:
-    its group is never trained (an empty response cannot be), it is counted, and a fresh prompt takes its slot."""
+    """A row the rollout could not generate (e.g. a prompt past the engine's context) comes back marked failed:
+    its group is never trained, it is counted, and a fresh prompt takes its slot."""
     cfg, dock, stream, books = _setup(dock_factory, eta)
     with Workers(dock, fail_rows={1}) as workers:
         batch, _ = collect_iteration(dock, stream, books, cfg, 0)
-    assert len(batch) == GBS * N and all(len(r) > 0 for r in batch.responses)
+    assert len(batch) == GBS * N and all(len(r) == 2 for r in batch.responses)
     assert books.rows_failed == N and workers.failed_prompts and workers.failed_prompts[0] not in batch.prompts
     assert books.prompts_put == (eta + 1) * GBS + 1  # the failed group's slot took one more prompt
 

@@ -81,8 +81,8 @@ def test_a_prompt_over_max_prompt_length_is_refused_naming_the_row_and_nothing_i
 def test_a_bad_value_late_in_a_put_writes_none_of_the_good_ones(dock, fault_log):
     before = _snapshot(dock)
     values = [np.arange(3, dtype=np.float32)] * 7 + [np.arange(3, dtype=np.float64)]
-    with pytest.raises(InvalidArgument, match=r"columns.old_log_prob\[7\]: dtype float64"):
-        dock.put(list(range(8)), {"response_length": [3] * 8, "old_log_prob": values})
+    with pytest.raises(InvalidArgument, match=r"columns.rollout_log_probs\[7\]: dtype float64"):
+        dock.put(list(range(8)), {"response_length": [3] * 8, "rollout_log_probs": values})
     fault_log.check("dock input", "a put of 8 rows whose last value has the wrong dtype", "InvalidArgument, none of the 7 good rows written",
                     f"keys {'unchanged' if _snapshot(dock) == before else 'CHANGED'}", _snapshot(dock) == before)
 

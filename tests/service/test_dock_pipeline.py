@@ -1,11 +1,12 @@
-"""One iteration through the dock with every consumer of docs/dock.md's table running at once."""
+"""One iteration through the dock with a pipeline of consumers running at once: rollout, reward, an advantage
+stage with its own column (the dock serves any chain of consumers), and training."""
 import threading
 
 import numpy as np
 import pytest
 
 from services.dock.client import Dock
-from services.dock.schema import DockLayout
+from services.dock.schema import DEFAULT_COLUMNS, ColumnSpec, DockLayout
 
 pytestmark = pytest.mark.service
 
@@ -31,7 +32,9 @@ def _reward(claim):
 
 
 def test_an_iteration_passes_every_row_through_every_consumer_once(dock_factory):
-    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=GBS))
+    # A pipeline of consumers beyond dockrl's own: an advantage stage that writes a column of its own.
+    columns = (*DEFAULT_COLUMNS, ColumnSpec("advantages", "float32", (None,)))
+    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=GBS, columns=columns))
     rows = dock.rows_of(range(GBS))
     prompts = [np.array([g, g + 1], np.int32) for g in range(GBS) for _ in range(N)]
     dock.put(rows, {"prompts": prompts, "labels": [str((2 * (i // N) + 1) % 10 if i % 2 else 0) for i in rows]})

@@ -32,8 +32,7 @@ def test_dispatch_sizes_derived_from_gbs_n_and_dp():
     })
     rl = cfg.rl_config
     assert rl.actor_rollout_dispatch_size == 16  # 8 * 4 / 2 rollout replicas
-    assert rl.actor_logprob_dispatch_size == rl.actor_update_dispatch_size == rl.ref_dispatch_size == 16  # dp = 4 / 2
-    assert rl.adv_dispatch_size == rl.reward_dispatch_size == 32
+    assert rl.reward_dispatch_size == 32
     assert rl.mini_batch_size == 32
 
 

@@ -88,7 +88,7 @@ def test_layout_from_config_leaves_room_for_partial_rollout():
     sized = config_from_dict({**base, "dock": {"capacity_groups": 12}})
     assert DockLayout.from_config(sized).capacity_groups == 12
     layout = DockLayout.from_config(config_from_dict({**base, "rl_config": {"n_samples_per_prompt": 4, "actor_rollout_dispatch_size": 8}}))
-    assert layout.dispatch_sizes["actor_rollout"] == 8 and layout.dispatch_sizes["actor_train"] == 32  # GBS * n / DP 1
+    assert layout.dispatch_sizes == {"actor_rollout": 8, "rule_reward": 32, "model_reward": 32}  # reward: GBS * n
     assert DockLayout.from_json(layout.to_json()) == layout
 
 

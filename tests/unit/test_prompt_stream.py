@@ -27,6 +27,16 @@ def test_index_order_without_shuffle():
     assert [r.index for r in PromptStream(RECORDS, seed=0, shuffle=False).take(12)] == list(range(10)) + [0, 1]
 
 
+@pytest.mark.parametrize("key", ["megatron_training.no_shuffle", "rl_config.guarantee_order"])
+def test_the_run_config_keeps_file_order_under_no_shuffle_or_guarantee_order(key):
+    from services.common.config import load_config
+
+    shuffled = PromptStream.from_config(RECORDS, load_config(None))
+    assert [r.index for r in shuffled.take(10)] != list(range(10))
+    in_order = PromptStream.from_config(RECORDS, load_config(None, [f"{key}=true"]))
+    assert [r.index for r in in_order.take(10)] == list(range(10))
+
+
 def test_prompts_over_max_prompt_length_are_left_out_and_counted():
     records = [PromptRecord(i, f"p{i}", list(range(length)), "1") for i, length in enumerate([3, 9, 4, 5, 12])]
     kept, over = within_prompt_limit(records, 5)

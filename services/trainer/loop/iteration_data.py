@@ -19,6 +19,7 @@ import numpy as np
 from services.common.errors import Unavailable
 from services.common.log import log_event
 from services.common.preprocess import PromptRecord
+from services.common.sample import FinishReason
 from services.dock.client import Claim, Dock
 
 log = logging.getLogger("dockrl.trainer")
@@ -26,7 +27,7 @@ log = logging.getLogger("dockrl.trainer")
 TRAIN_CONSUMER = "actor_train"
 TRAIN_COLUMNS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
 # Read when stored, never waited for: each verifier's part of the reward, for its own metric.
-TRAIN_OPTIONAL_COLUMNS = ("rm_parts",)
+TRAIN_OPTIONAL_COLUMNS = ("rm_parts", "finish_reason")
 # One put is one Lua script, and Redis serves nobody else while it runs: 32768 prompt rows held it
 # ~1 s on a quiet 2-core machine (several under load), so prompts go in puts of at most this many rows.
 PROMPT_PUT_ROWS = 4096
@@ -140,12 +141,13 @@ def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> l
 
 
 def unusable_groups(claim: Claim, n: int, min_version: int | None) -> dict[str, set[int]]:
-    """The claim's groups that must not be trained, by reason: `failed` (a row without a response
-    token: the rollout could not generate it, e.g. a prompt past the engine's context) and `stale`
-    (a token older than `min_version`; None: no bound)."""
+    """The claim's groups that must not be trained, by reason: `failed` (a row the rollout could not
+    generate, e.g. a prompt past the engine's context: finish_reason FAILED, or no response token) and
+    `stale` (a token older than `min_version`; None: no bound)."""
     failed, stale = set(), set()
-    for index, response, versions in zip(claim.indexes, claim.columns["responses"], claim.columns["versions"]):
-        if response is None or len(response) == 0:
+    reasons = claim.columns.get("finish_reason") or [None] * len(claim.indexes)
+    for index, response, versions, reason in zip(claim.indexes, claim.columns["responses"], claim.columns["versions"], reasons):
+        if response is None or len(response) == 0 or reason == FinishReason.FAILED.value:
             failed.add(index // n)
         elif min_version is not None and versions is not None and len(versions) and int(np.min(versions)) < min_version:
             stale.add(index // n)

@@ -41,6 +41,12 @@ class PromptStream:
         self._shuffle = shuffle
         self.state = PromptStreamState()
 
+    @classmethod
+    def from_config(cls, records: list[PromptRecord], cfg) -> "PromptStream":
+        """The run's stream: seeded by megatron_training.seed, in file order under no_shuffle or guarantee_order."""
+        in_order = cfg.megatron_training.no_shuffle or cfg.rl_config.guarantee_order
+        return cls(records, cfg.megatron_training.seed, shuffle=not in_order)
+
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self._records)))
         if self._shuffle:

@@ -43,7 +43,7 @@ class RunLeader:
         self.dock = Dock.from_config(cfg, token=token)
         if not resume or not self.dock.client.exists(self.dock.keys.meta):
             self.dock.create(DockLayout.from_config(cfg))
-        self.stream = PromptStream(prompts, cfg.megatron_training.seed, shuffle=not cfg.rl_config.guarantee_order)
+        self.stream = PromptStream.from_config(prompts, cfg)
         self.stream.state.cursor = prompt_cursor
         self.eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
         self.run_log = RunLog.from_config(cfg)
