@@ -300,7 +300,7 @@ class ProfilerConfig:
     profile: bool = False  # profile the steps profile_step_start .. profile_step_end - 1
     mstx: bool = False  # Ascend's lightweight mstx marks: not built (must stay false)
     stage: str = "all"  # all: the whole iteration, each stage (log-prob passes, update, weight push) a named range
-    profile_save_path: str = ""  # traces land here, one directory per rank; empty: <trainer.log_dir>/profiler
+    profile_save_path: str = ""  # traces land here, one directory per trainer rank (rollout/, reward/ for those roles); empty: <trainer.log_dir>/profiler
     profile_export_type: str = "text"  # text: a Chrome trace (.pt.trace.json; TensorBoard, Perfetto); db is torch_npu's, not built
     profile_step_start: int = 1  # first profiled step (1-based)
     profile_step_end: int = 2  # first step not profiled
@@ -311,14 +311,30 @@ class ProfilerConfig:
     profile_with_npu: bool = True  # profile device kernels where a GPU is present (ProfilerActivity.CUDA); no effect on CPU
     profile_with_module: bool = False  # record Python call stacks (torch.profiler with_stack)
     profile_analysis: bool = False  # torch_npu's analysis after capture: not built (must stay false); the traces open as written
-    profile_ranks: tuple[int, ...] | str = "all"  # all, or a list of the trainer ranks that profile
+    profile_ranks: tuple[int, ...] | str = "all"  # all, or a list of the trainer ranks that profile (rollout and reward: all)
+
+    def traces_step(self, step: int) -> bool:
+        """Whether `step` (a trainer iteration, 1-based) is profiled."""
+        return self.profile and self.profile_step_start <= step < self.profile_step_end
 
 
 @dataclass(frozen=True)
 class ProfilerRoles:
-    """profiler_config: one section per role (MindSpeed-RL's `integrated` is the colocated worker; here the trainer)."""
+    """profiler_config: one section per role (MindSpeed-RL's `integrated` is the colocated worker; here the trainer).
 
-    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)
+    A step is a trainer iteration in every role: a rollout replica profiles while it generates for
+    the profiled iterations (policy version + 1), a reward worker while the dock's policy version + 1 is one."""
+
+    trainer: ProfilerConfig = field(default_factory=ProfilerConfig)  # torch.profiler on each trainer rank, stages as named ranges
+    rollout: ProfilerConfig = field(default_factory=ProfilerConfig)  # vLLM's torch profiler in each replica: its engine workers and API process
+    reward: ProfilerConfig = field(default_factory=ProfilerConfig)  # torch.profiler in each reward worker around its claims and scoring
+
+
+def profiler_trace_root(cfg: Config, role: str) -> pathlib.Path:
+    """Where `role`'s traces go: its profile_save_path, else <trainer.log_dir>/profiler (rollout/ and reward/ below it)."""
+    pc = getattr(cfg.profiler_config, role)
+    root = pathlib.Path(pc.profile_save_path or pathlib.Path(cfg.trainer.log_dir) / "profiler")
+    return root if role == "trainer" else root / role
 
 
 @dataclass(frozen=True)
@@ -690,7 +706,11 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                           "replicas already score nothing else; set 0 and scale reward.replicas instead")
     _check_positive(errors, "dock.max_memory_mb", cfg.dock.max_memory_mb, allow_zero=True)
     _check_sentinel_keys(cfg.dock, errors)
-    _validate_profiler(cfg.profiler_config.trainer, "profiler_config.trainer", errors)
+    for role in ("trainer", "rollout", "reward"):
+        _validate_profiler(getattr(cfg.profiler_config, role), f"profiler_config.{role}", errors)
+        if role != "trainer" and getattr(cfg.profiler_config, role).profile_ranks != "all":
+            errors.append(f"profiler_config.{role}.profile_ranks: {role} replicas have no rank; set all "
+                          "(each replica writes its traces in its own directory)")
     shares = []
     if cfg.init_model is not None:
         shares += [("init_model.warm_start_accuracy", cfg.init_model.warm_start_accuracy),

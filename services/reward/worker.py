@@ -38,6 +38,7 @@ from services.dock.scripts import StaleLease
 from services.reward.decoding import ResponseDecoder
 from services.reward.model import MODEL_VERIFIER, RewardModelScorer
 from services.reward.pool import VerifierRunner
+from services.reward.profiling import ScoringProfiler
 from services.reward.scoring import PartScore, SampleScore, ScoreInput, ScoringPlan, score_samples
 
 logger = logging.getLogger("dockrl.reward.worker")
@@ -88,6 +89,7 @@ class RewardWorker:
         self.consumer = MODEL_CONSUMER if kind == "model" else CONSUMER
         self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
         self.timeline = Timeline(dock.client, dock.keys)
+        self.profiler: ScoringProfiler | None = None  # profiler_config.reward (from_config sets it when on)
 
     @classmethod
     def from_config(cls, cfg: Config, runner: VerifierRunner, model: RewardModelScorer | None = None,
@@ -98,8 +100,11 @@ class RewardWorker:
             raise FailedPrecondition("megatron_training.tokenizer_name_or_path is empty: the dock worker decodes responses with it")
         holder = f"reward-{'model-' if kind == 'model' else ''}{uuid.uuid4().hex[:8]}"
         dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=holder)
-        return cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model, kind=kind,
-                   split=cfg.reward_config.model_replicas > 0)
+        worker = cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model, kind=kind,
+                     split=cfg.reward_config.model_replicas > 0)
+        if cfg.profiler_config.reward.profile:
+            worker.profiler = ScoringProfiler.from_config(cfg)
+        return worker
 
     @property
     def registry_kind(self) -> str:
@@ -196,6 +201,8 @@ class RewardWorker:
                     if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
                         registry.register(replica_id, address or "dock-only", self.registry_kind)  # also revives an expired entry
                         last_beat = time.monotonic()
+                    if self.profiler is not None:
+                        self.profiler.at_step(self.dock.policy_version() + 1)  # the trainer iteration being scored for
                     report = self.step(wait_s=_CLAIM_WAIT_S)
                 except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait
                     if str(exc) != waiting_for:
@@ -212,6 +219,8 @@ class RewardWorker:
                     window.log("scoring", now)
                     window = _Window(now)
         finally:
+            if self.profiler is not None:
+                self.profiler.stop()
             if window.rows:
                 window.log("scored before stopping", time.monotonic())
             try:

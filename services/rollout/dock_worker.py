@@ -36,6 +36,7 @@ from services.common.metrics import counter
 from services.common.sample import FinishReason
 from services.dock.timeline import Span, Timeline
 from services.rollout.engine import Completion, RolloutEngine
+from services.rollout.profiling import EngineProfiler
 from services.rollout.sampling import SamplingOverrides, sample_seed
 
 log = logging.getLogger("dockrl.rollout.dock")
@@ -95,6 +96,7 @@ class DockWorker:
         # sampling_config.seed, when given, else the run's seed: the base of every row's own seed (`sample_seed`).
         smp_seed = cfg.generate_config.sampling_config.seed
         self.seed = cfg.megatron_training.seed if smp_seed is None else smp_seed
+        self.profiler = EngineProfiler(engine.llm, cfg.profiler_config.rollout)
 
     async def register(self) -> None:
         """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
@@ -108,6 +110,7 @@ class DockWorker:
         try:
             while not stop.is_set():
                 try:
+                    await self.profiler.at_step(self.engine.version + 1)  # the trainer iteration these rows feed
                     claim = await asyncio.to_thread(self._claim)
                 except DockrlError as exc:  # Redis away, or no dock created yet: ask again later
                     if str(exc) != refused:  # once per distinct reason, not once a second
@@ -121,6 +124,7 @@ class DockWorker:
                 await self._serve_claim(claim, stop)
         finally:
             heartbeat.cancel()
+            await self.profiler.stop()
             await asyncio.to_thread(self.registry.deregister, self.engine.replica_id)
             log_event(log, "deregistered", replica=self.engine.replica_id)
 

@@ -23,6 +23,7 @@ from services.common import metrics
 from services.common.config import Config
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.common.sample import FinishReason
+from services.rollout.profiling import rollout_trace_dir, vllm_profiler_config
 from services.rollout.sampling import ResolvedSampling, SamplingOverrides, resolve
 
 WORKER_EXTENSION = "services.rollout.worker_extension.WeightStagingExtension"
@@ -112,12 +113,13 @@ def _on_cpu() -> bool:
     return current_platform.is_cpu()
 
 
-def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse.Namespace:
+def serve_args(model_path: str, cfg: Config, served_model_name: str, trace_dir: pathlib.Path | None = None) -> argparse.Namespace:
     """The `vllm serve` arguments of this replica, parsed by vLLM's own parser.
 
     One namespace configures both the engine (`AsyncEngineArgs.from_cli_args`) and vLLM's OpenAI
     app (`build_app` / `init_app_state`), so the HTTP layer sees the engine exactly as `vllm serve`
-    would. The engine flags come from generate_config; everything else keeps vLLM's defaults.
+    would. The engine flags come from generate_config (and vLLM's profiler from profiler_config.rollout,
+    writing to `trace_dir`); everything else keeps vLLM's defaults.
     """
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -148,6 +150,8 @@ def serve_args(model_path: str, cfg: Config, served_model_name: str) -> argparse
         argv.append("--no-enable-chunked-prefill")
     if gen.trust_remote_code:
         argv.append("--trust-remote-code")
+    if trace_dir is not None:
+        argv += ["--profiler-config", json.dumps(vllm_profiler_config(cfg.profiler_config.rollout, trace_dir))]
     if gen.tool_call_parser:  # vLLM checks the name, and that the tokenizer has the parser's tokens, at start
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", gen.tool_call_parser]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
@@ -236,7 +240,7 @@ class RolloutEngine:
         if cfg.rollout.omp_threads_bind != "auto":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.rollout.omp_threads_bind)
         name = served_model_name or cfg.rollout.served_model_name or pathlib.Path(model_path).name
-        args = serve_args(model_path, cfg, name)
+        args = serve_args(model_path, cfg, name, rollout_trace_dir(cfg))
         engine = AsyncEngineArgs.from_cli_args(args)
         # Engine statistics on (vLLM's default): they feed the vllm:* Prometheus series on /metrics.
         llm = AsyncLLM.from_vllm_config(engine.create_engine_config(), disable_log_stats=engine.disable_log_stats)

@@ -35,7 +35,7 @@ EXPECTED = {
     "bench_trainer_step.py": ["dockrl / plain train step time"],
     "bench_trainer.py": ["optimizer state per rank distributed / replicated at DP 2", "weight gather peak / model size",
                          "trained tokens/s DP 2 / DP 1"],
-    "bench_async.py": ["trained samples/s eta 1 / eta 0", "trained samples/s eta 2 / eta 0",
+    "bench_async.py": ["trained samples/s eta 1 / eta 0",
                        "predicted eta >= 1 / eta 0 with rollout and trainer on their own devices"],
     "trainer_logprobs.py": ["packed / padded log-prob pass time"],
 }

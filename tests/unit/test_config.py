@@ -173,11 +173,13 @@ def test_profiler_config_refuses_torch_npu_only_values(keys, match):
 
 
 def test_profiler_ranks_take_all_or_a_list():
-    # MindSpeed-RL's colocated role has no counterpart: the services profile apart, the trainer's role is built.
-    with pytest.raises(ConfigError, match=r"profiler_config\.integrated: unknown key \(known keys: trainer\)"):
+    # MindSpeed-RL's colocated role is the trainer's here (a file in its layout is translated); the services profile apart.
+    with pytest.raises(ConfigError, match=r"profiler_config\.integrated: unknown key \(known keys: reward, rollout, trainer\)"):
         config_from_dict({"profiler_config": {"integrated": {}}})
     assert config_from_dict(_profiler(profile_ranks="all")).profiler_config.trainer.profile_ranks == "all"
     assert config_from_dict(_profiler(profile_ranks=[0, 2])).profiler_config.trainer.profile_ranks == (0, 2)
+    with pytest.raises(ConfigError, match=r"profiler_config\.rollout\.profile_ranks: rollout replicas have no rank; set all"):
+        config_from_dict({"profiler_config": {"rollout": {"profile": True, "profile_ranks": [0]}}})
 
 
 def test_wandb_needs_its_project():

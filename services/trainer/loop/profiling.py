@@ -17,13 +17,12 @@ from typing import Iterator
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, tensorboard_trace_handler
 
-from services.common.config import Config, ProfilerConfig
+from services.common.config import Config, ProfilerConfig, profiler_trace_root
 
 
 def trace_dir(cfg: Config, rank: int) -> pathlib.Path:
     """Where this rank's traces go: profile_save_path (default <trainer.log_dir>/profiler), one directory per rank."""
-    pc = cfg.profiler_config.trainer
-    return pathlib.Path(pc.profile_save_path or pathlib.Path(cfg.trainer.log_dir) / "profiler") / f"rank{rank}"
+    return profiler_trace_root(cfg, "trainer") / f"rank{rank}"
 
 
 class StepProfiler:
@@ -42,7 +41,7 @@ class StepProfiler:
 
     def profiles(self, step: int) -> bool:
         """Whether `step` is traced on this rank."""
-        return self.enabled and self.pc.profile_step_start <= step < self.pc.profile_step_end
+        return self.enabled and self.pc.traces_step(step)
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
