@@ -62,6 +62,16 @@ OUTRO = """## Tiny model and data
 keys (`input`, `tokenizer_name_or_path`, `output_prefix`, `handler_name`, `prompt_type`, `map_keys`,
 `seq_length`, `workers`, `log_interval`) from `--config` or flags and writes `PREFIX.jsonl` (index,
 prompt, prompt_ids, label) and `PREFIX.meta.json`; `megatron_training.data_path` names PREFIX.
+
+Inputs are `.jsonl`, `.json` (an array) or `.parquet`. A dotted `map_keys` name reads a nested
+field (`response: reward_model.ground_truth`), and a `reward_model` mapping given as the response
+yields its `ground_truth`, as MindSpeed-RL's `Math17kAlpacaStyleInstructionHandler` reads
+DAPO-Math-17k (that handler's default keys). A prompt field that holds a conversation (a list of
+`{role, content}` turns) is rendered turn by turn; `prompt_type: tokenizer` renders with the
+tokenizer's own chat template instead of one of `configs/model/templates.json`. Handlers:
+`R1AlpacaStyleInstructionHandler` (DeepScaleR: `problem`, `answer`), `Math17kAlpacaStyleInstructionHandler`,
+`AlpacaStyleInstructionHandler`. `tokenizer_type` must name a Hugging Face tokenizer and
+`dataset_additional_keys` must be `[labels]` (the label is all the verifiers read); other values are errors.
 """
 
 

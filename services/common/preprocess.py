@@ -21,7 +21,8 @@ logger = logging.getLogger("dockrl.data")
 
 @dataclass(frozen=True)
 class MapKeys:
-    """Which input fields hold the prompt parts and the label."""
+    """Which input fields hold the prompt parts and the label; a dotted name reads a nested field
+    (DAPO-Math-17k's label is `reward_model.ground_truth`)."""
 
     prompt: str = "problem"
     query: str = ""
@@ -37,14 +38,14 @@ class PreprocessConfig:
     tokenizer_name_or_path: str = ""
     output_prefix: str = ""
     handler_name: str = "R1AlpacaStyleInstructionHandler"
-    prompt_type: str = "qwen"
+    prompt_type: str = "qwen"  # a template of configs/model/templates.json, or `tokenizer`: the tokenizer's own chat template
     map_keys: MapKeys = field(default_factory=MapKeys)
     seq_length: int = 0  # drop prompts longer than this many tokens; 0 keeps all
     workers: int = 1
     log_interval: int = 1000
-    tokenizer_type: str = "HuggingFaceTokenizer"
+    tokenizer_type: str = "HuggingFaceTokenizer"  # the tokenizer is always Hugging Face's (AutoTokenizer)
     tokenizer_not_use_fast: bool = False
-    dataset_additional_keys: tuple[str, ...] = ("labels",)
+    dataset_additional_keys: tuple[str, ...] = ("labels",)  # kept beside each prompt: the label (map_keys.response)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ class PromptRecord:
 # handler_name -> default map_keys, as MindSpeed-RL's handlers read their inputs.
 HANDLERS: dict[str, MapKeys] = {
     "R1AlpacaStyleInstructionHandler": MapKeys(prompt="problem", response="answer"),
-    "Math17kAlpacaStyleInstructionHandler": MapKeys(prompt="prompt", response="solution"),
+    # MindSpeed-RL's math_17k dataset config: DAPO-Math-17k's chat prompt and reward_model.ground_truth
+    "Math17kAlpacaStyleInstructionHandler": MapKeys(prompt="prompt", response="reward_model"),
     "AlpacaStyleInstructionHandler": MapKeys(prompt="instruction", query="input", response="output"),
 }
 
@@ -78,19 +80,55 @@ def _read_rows(path: pathlib.Path) -> list[dict]:
     raise ValueError(f"input: {path} must be .jsonl, .json or .parquet")
 
 
+TOKENIZER_TEMPLATE = "tokenizer"  # prompt_type that renders with the tokenizer's own chat template
+TOKENIZER_TYPES = ("HuggingFaceTokenizer", "PretrainedFromHF")  # MindSpeed-RL's names for a Hugging Face tokenizer
+
+
+def _field(row: dict, dotted: str, role: str, row_no: int, required: bool = True):
+    """The value at `dotted` (a.b.c walks nested mappings); None when absent and not `required`."""
+    value = row
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            if not required:
+                return None
+            raise ValueError(f"input row {row_no}: map_keys.{role} field {dotted!r} is missing (row keys: {sorted(row)})")
+        value = value[part]
+    return value
+
+
+def _is_chat(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in value)
+
+
 def _messages(row: dict, keys: MapKeys, row_no: int) -> tuple[list[dict], str]:
-    if keys.prompt not in row:
-        raise ValueError(f"input row {row_no}: map_keys.prompt field {keys.prompt!r} is missing (row keys: {sorted(row)})")
-    if keys.response not in row:
-        raise ValueError(f"input row {row_no}: map_keys.response field {keys.response!r} is missing (row keys: {sorted(row)})")
-    user = str(row[keys.prompt])
-    if keys.query and row.get(keys.query):
-        user = f"{user}\n{row[keys.query]}"
-    messages = []
-    if keys.system and row.get(keys.system):
-        messages.append({"role": "system", "content": str(row[keys.system])})
-    messages.append({"role": "user", "content": user})
-    return messages, str(row[keys.response])
+    prompt = _field(row, keys.prompt, "prompt", row_no)
+    label = _field(row, keys.response, "response", row_no)
+    system = _field(row, keys.system, "system", row_no, required=False) if keys.system else None
+    if _is_chat(prompt):  # already a conversation (DAPO-Math-17k's prompt): its turns as they are
+        messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in prompt]
+    else:
+        user = str(prompt)
+        query = _field(row, keys.query, "query", row_no, required=False) if keys.query else None
+        if query:
+            user = f"{user}\n{query}"
+        messages = [{"role": "user", "content": user}]
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": str(system)})
+    if isinstance(label, dict) and "ground_truth" in label:  # a verl-style reward_model field, as MindSpeed-RL's Math17k handler reads it
+        label = label["ground_truth"]
+    return messages, str(label)
+
+
+def _render(prompt_type: str, tokenizer_path: str, all_messages: list[list[dict]]) -> list[str]:
+    """Each conversation as prompt text: with a template of templates.json, or the tokenizer's chat template."""
+    if prompt_type != TOKENIZER_TEMPLATE:
+        return [render_prompt(prompt_type, messages) for messages in all_messages]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+    if not tokenizer.chat_template:
+        raise ValueError(f"prompt_type: {TOKENIZER_TEMPLATE!r}, but the tokenizer in {tokenizer_path} has no chat template")
+    return [tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) for messages in all_messages]
 
 
 _worker_tokenizer = None
@@ -118,10 +156,16 @@ def preprocess(cfg: PreprocessConfig, progress: bool = True) -> int:
             raise ValueError(f"{key}: required")
     if cfg.workers < 1:
         raise ValueError(f"workers: must be >= 1, got {cfg.workers}")
+    if cfg.tokenizer_type not in TOKENIZER_TYPES:
+        raise ValueError(f"tokenizer_type: {cfg.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)} (the tokenizer is "
+                         "loaded with transformers' AutoTokenizer)")
+    if tuple(cfg.dataset_additional_keys) != ("labels",):
+        raise ValueError(f"dataset_additional_keys: {list(cfg.dataset_additional_keys)}: each prompt keeps its label "
+                         "(map_keys.response) as `labels`, and nothing else reaches the verifiers; set ['labels']")
     keys = cfg.map_keys if cfg.map_keys != MapKeys() else HANDLERS[cfg.handler_name]
     rows = _read_rows(pathlib.Path(cfg.input))
     pairs = [_messages(row, keys, i) for i, row in enumerate(rows)]
-    prompts = [render_prompt(cfg.prompt_type, messages) for messages, _ in pairs]
+    prompts = _render(cfg.prompt_type, cfg.tokenizer_name_or_path, [messages for messages, _ in pairs])
     start = time.monotonic()
     use_fast = not cfg.tokenizer_not_use_fast
     if cfg.workers == 1:

@@ -1,5 +1,6 @@
 """Chat templates, the arithmetic generator and preprocessing."""
 import json
+import pathlib
 
 import pytest
 
@@ -75,3 +76,60 @@ def test_preprocess_reads_parquet_and_names_missing_fields(tmp_path, tiny_model_
     assert load_prompts(tmp_path / "o")[0].prompt == "1+1="
     with pytest.raises(FileNotFoundError, match="megatron_training.data_path"):
         load_prompts(tmp_path / "nothing")
+
+
+DATASETS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
+
+
+def _dapo_math_parquet(tmp_path) -> pathlib.Path:
+    """DAPO-Math-17k's rows as the parquet it ships as (nested columns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in (DATASETS / "dapo_math_17k.jsonl").read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "dapo-math-17k.parquet")
+    return tmp_path / "dapo-math-17k.parquet"
+
+
+@pytest.mark.parametrize("how", ["mindspeed_math_17k_handler", "dotted_map_keys"])
+def test_dapo_math_17k_chat_prompts_and_nested_labels(tmp_path, tiny_model_dir, how):
+    from services.common.preprocess import MapKeys
+
+    # MindSpeed-RL's configs/datasets/math_17k.yaml (its handler, response: reward_model), or a dotted key.
+    keys = {} if how == "mindspeed_math_17k_handler" else {"map_keys": MapKeys(prompt="prompt", response="reward_model.ground_truth")}
+    cfg = PreprocessConfig(input=str(_dapo_math_parquet(tmp_path)), tokenizer_name_or_path=str(tiny_model_dir),
+                           output_prefix=str(tmp_path / "dapo"), handler_name="Math17kAlpacaStyleInstructionHandler",
+                           prompt_type="tokenizer", **keys)
+    assert preprocess(cfg, progress=False) == 2
+    records = load_prompts(tmp_path / "dapo")
+    assert [r.label for r in records] == ["7", "6"]
+    from transformers import AutoTokenizer
+
+    # The conversation went through the tokenizer's own chat template, not str() of the list.
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    row = json.loads((DATASETS / "dapo_math_17k.jsonl").read_text().splitlines()[0])
+    assert records[0].prompt == tok.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    assert "What is 3 + 4?" in records[0].prompt and "'role'" not in records[0].prompt
+
+
+def test_deepscaler_json_array_with_its_handler(tmp_path, tiny_model_dir):
+    cfg = PreprocessConfig(input=str(DATASETS / "deepscaler.json"), tokenizer_name_or_path=str(tiny_model_dir),
+                           output_prefix=str(tmp_path / "ds"), handler_name="R1AlpacaStyleInstructionHandler", prompt_type="qwen_r1")
+    assert preprocess(cfg, progress=False) == 2
+    records = load_prompts(tmp_path / "ds")
+    assert [r.label for r in records] == ["8", "6"] and "Let $x = 2$" in records[0].prompt
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("map_keys", "reward_model.answer", r"map_keys.response field 'reward_model.answer' is missing"),
+    ("tokenizer_type", "SentencePieceTokenizer", r"tokenizer_type: 'SentencePieceTokenizer' is not one of"),
+    ("dataset_additional_keys", ("labels", "data_source"), r"dataset_additional_keys: \['labels', 'data_source'\]"),
+])
+def test_preprocessing_keys_that_cannot_work_are_named(tmp_path, tiny_model_dir, field, value, message):
+    from services.common.preprocess import MapKeys
+
+    given = {field: MapKeys(prompt="prompt", response=value) if field == "map_keys" else value}
+    cfg = PreprocessConfig(input=str(_dapo_math_parquet(tmp_path)), tokenizer_name_or_path=str(tiny_model_dir),
+                           output_prefix=str(tmp_path / "x"), prompt_type="empty", **given)
+    with pytest.raises(ValueError, match=message):
+        preprocess(cfg, progress=False)
