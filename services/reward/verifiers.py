@@ -15,7 +15,6 @@ from services.common.errors import InvalidArgument
 from services.reward.math_answer import (
     answers_equivalent,
     extract_answer,
-    last_boxed,
     math_verify_score,
     minerva_answer,
     minerva_normalise,
@@ -81,9 +80,12 @@ def _acc(response: str, label: str) -> float:
     return 1.0 if answers_equivalent(answer, label) else -0.5
 
 
-def _math_17k_acc(response: str, label: str) -> float:
-    boxed = last_boxed(response)
-    return 1.0 if boxed is not None and answers_equivalent(boxed, label) else 0.0
+def _mathruler_acc(response: str, label: str) -> float:
+    # MindSpeed-RL's math_17k_accuracy_reward and ppo_accuracy_reward, to the letter: mathruler's last
+    # `\boxed{...}` (no other box command) graded by its grade_answer (a list's order counts).
+    from mathruler.grader import extract_boxed_content, grade_answer
+
+    return 1.0 if grade_answer(extract_boxed_content(response), label) else 0.0
 
 
 def _math_verify(response: str, label: str) -> float:
@@ -119,7 +121,9 @@ _VERIFIERS = (
         -0.5,
         _acc,
     ),
-    Verifier("math_17k_acc", "1 if the last \\boxed{} equals the label (math-verify), else 0", 0.0, _math_17k_acc),
+    Verifier("math_17k_acc", "1 if the last \\boxed{} equals the label (mathruler's grade_answer, as MindSpeed-RL), else 0",
+             0.0, _mathruler_acc),
+    Verifier("acc_for_ppo", "MindSpeed-RL's PPO accuracy: the same rule as math_17k_acc", 0.0, _mathruler_acc),
     Verifier(
         "math_verify",
         "1 if math-verify finds the label (as \\boxed{label}) in the response, else 0",

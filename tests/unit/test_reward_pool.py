@@ -26,14 +26,14 @@ def test_pool_matches_in_process_scores(pool):
 def test_a_hung_verifier_gets_its_timeout_score_and_the_pool_keeps_serving(pool):
     replaced = pool.replaced
     slow, fast, nested = pool.run([
-        VerifyTask(SLOW_SYMPY, "2", ("format", "acc", "math_17k_acc")),
+        VerifyTask(SLOW_SYMPY, "2", ("format", "acc", "math_verify")),
         RIGHT,
-        VerifyTask(SLOW_PARSE, "1", ("math_17k_acc",)),
+        VerifyTask(SLOW_PARSE, "1", ("acc",)),
     ])
-    # format finished before acc hung; acc timed out (-0.5); math_17k_acc hung on a fresh worker too.
+    # format finished before acc hung; acc timed out (-0.5); math_verify hung on a fresh worker too.
     assert slow == [VerifierOutcome(0.0), VerifierOutcome(-0.5, True), VerifierOutcome(0.0, True)]
     assert fast == [VerifierOutcome(1.0), VerifierOutcome(1.0)]
-    assert nested == [VerifierOutcome(0.0, True)]
+    assert nested == [VerifierOutcome(-0.5, True)]
     assert pool.replaced == replaced + 3
     # the replacements score at once, on both workers
     assert pool.run([RIGHT] * 4) == [[VerifierOutcome(1.0), VerifierOutcome(1.0)]] * 4

@@ -14,7 +14,8 @@ def score(name: str, response: str, label: str) -> float:
 
 
 def test_registry_has_mindspeed_names():
-    assert set(REGISTRY) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "acc_for_dapo", "step"}
+    assert set(REGISTRY) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "acc_for_dapo",
+                             "acc_for_ppo", "step"}
 
 
 def test_unknown_verifier_names_the_field_and_the_known_ones():
@@ -128,6 +129,21 @@ def test_math_17k_acc():
     assert score("math_17k_acc", "34", "34") == 0.0
 
 
+@pytest.mark.parametrize("name", ["math_17k_acc", "acc_for_ppo"])
+@pytest.mark.parametrize("response, label, mindspeed", [
+    # Scores MindSpeed-RL's math_17k_accuracy_reward / ppo_accuracy_reward give (mathruler 0.1.0), input by input.
+    (r"so \boxed{7}", "7", 1.0),
+    (r"\fbox{7}", "7", 0.0),  # only \boxed counts (math-verify would take \fbox)
+    (r"\boxed{1, 2}", "2, 1", 0.0),  # a list's order counts
+    (r"\boxed{1,2}", "1, 2", 1.0),
+    (r"\boxed{x=3}", "3", 1.0),  # an `x =` before the value is dropped
+    (r"\boxed{1} then \boxed{2}", "2", 1.0),  # the last box
+    (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
+])
+def test_mindspeed_named_accuracy_verifiers_score_as_mindspeed_does(name, response, label, mindspeed):
+    assert score(name, response, label) == mindspeed
+
+
 def test_math_verify_reads_the_whole_response():
     assert score("math_verify", r"The answer is $\frac{1}{2}$.", "0.5") == 1.0
     assert score("math_verify", "so 34", "34") == 1.0
@@ -146,9 +162,9 @@ def test_acc_for_dapo_minerva_answer_line():
 
 
 # What each verifier gives an answer-less response, and a 100k-character one ending in the right box.
-NO_ANSWER = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": -1.0, "math_17k_acc": 0.0,
+NO_ANSWER = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": -1.0, "math_17k_acc": 0.0, "acc_for_ppo": 0.0,
              "math_verify": 0.0, "acc_for_dapo": -1.0, "step": 0.0}
-LONG_BOXED = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": 1.0, "math_17k_acc": 1.0,
+LONG_BOXED = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": 1.0, "math_17k_acc": 1.0, "acc_for_ppo": 1.0,
               "math_verify": 1.0, "acc_for_dapo": -1.0, "step": 0.0}
 
 
