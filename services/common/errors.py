@@ -57,20 +57,6 @@ class Unavailable(DockrlError):
     http_status = 503
 
 
-def grpc_abort(context: grpc.ServicerContext, exc: Exception):
-    """Ends an RPC with the status that matches `exc` (INTERNAL for anything unexpected)."""
-    if isinstance(exc, DockrlError):
-        context.abort(exc.grpc_code, str(exc))
-    context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-
-
-async def grpc_abort_async(context: grpc.aio.ServicerContext, exc: Exception):
-    """The grpc.aio form of grpc_abort."""
-    if isinstance(exc, DockrlError):
-        await context.abort(exc.grpc_code, str(exc))
-    await context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
-
-
 def http_status(exc: Exception) -> int:
     """The HTTP status for `exc`."""
     return exc.http_status if isinstance(exc, DockrlError) else 500

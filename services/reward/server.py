@@ -12,8 +12,8 @@ import grpc
 from grpc_health.v1 import health
 
 from services.common.config import Config
-from services.common.errors import DockrlError, InvalidArgument, grpc_abort
-from services.common.grpc_decode import DecodeErrorInterceptor
+from services.common.errors import DockrlError, InvalidArgument
+from services.common.grpc_status import StatusInterceptor
 from services.common.grpc_serving import start_with_health
 from services.common.log import log_event
 from services.common.metrics import counter, histogram
@@ -57,9 +57,9 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
             plan = self._plan(request)
             inputs = [self._input(i, item, plan) for i, item in enumerate(self._items(request))]
             scored = score_samples(inputs, plan, self._runner, self._model)
-        except DockrlError as exc:
+        except DockrlError as exc:  # the status interceptor answers with its code
             log_event(logger, "score refused", logging.INFO, reason=str(exc))
-            grpc_abort(context, exc)
+            raise
         SAMPLES_SCORED.inc(len(scored))
         SCORE_SECONDS.observe(time.perf_counter() - started)
         return reward_pb2.ScoreResponse(results=[_result_pb(s) for s in scored])
@@ -161,7 +161,7 @@ def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int, mode
     rc = cfg.reward
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=rc.server_threads, thread_name_prefix="reward-grpc"),
-        interceptors=[DecodeErrorInterceptor()],
+        interceptors=[StatusInterceptor()],
         options=[("grpc.max_receive_message_length", rc.max_request_mb * 1024 * 1024)],
     )
     servicer = RewardServicer(

@@ -5,8 +5,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.auth import AsyncTokenInterceptor
-from services.common.errors import DockrlError, InvalidArgument, grpc_abort_async
-from services.common.grpc_decode import AsyncDecodeErrorInterceptor
+from services.common.errors import InvalidArgument
+from services.common.grpc_status import AsyncStatusInterceptor
 from services.common.grpc_serving import add_reflection
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.rollout.chain import MAX_MESSAGE_BYTES
@@ -62,11 +62,8 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return self.engine.open(prompt_ids, overrides_from_proto(request.sampling), request.request_id, detokenize=detokenize)
 
     async def Generate(self, request, context):
-        try:
-            stream = self._open(request)
-            completions = await stream.collect()
-        except DockrlError as exc:
-            await grpc_abort_async(context, exc)
+        stream = self._open(request)
+        completions = await stream.collect()
         return rollout_pb2.GenerateResponse(
             request_id=stream.request_id,
             completions=[
@@ -81,11 +78,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         )
 
     async def GenerateStream(self, request, context):
-        try:
-            stream = self._open(request)
-        except DockrlError as exc:
-            await grpc_abort_async(context, exc)
-            return
+        stream = self._open(request)
         async for delta in stream.deltas():
             yield rollout_pb2.GenerateChunk(
                 request_id=stream.request_id, index=delta.index, token_ids=delta.token_ids, text=delta.text,
@@ -96,31 +89,19 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         return rollout_pb2.AbortResponse(aborted=await self.engine.abort(request.request_id))
 
     async def UpdateWeights(self, request_iterator, context):
-        try:
-            self.engine.ensure_accepting()
-            return await self.receiver.receive(request_iterator)
-        except DockrlError as exc:
-            await grpc_abort_async(context, exc)
+        self.engine.ensure_accepting()
+        return await self.receiver.receive(request_iterator)
 
     async def JoinWeightGroup(self, request, context):
-        try:
-            self.engine.ensure_accepting()
-            return await self.collective.join(request)
-        except DockrlError as exc:
-            await grpc_abort_async(context, exc)
+        self.engine.ensure_accepting()
+        return await self.collective.join(request)
 
     async def OpenWeightTransfer(self, request, context):
-        try:
-            self.engine.ensure_accepting()
-            return await self.collective.open(request)
-        except DockrlError as exc:
-            await grpc_abort_async(context, exc)
+        self.engine.ensure_accepting()
+        return await self.collective.open(request)
 
     async def FinishWeightTransfer(self, request, context):
-        try:
-            return await self.collective.finish(request)
-        except DockrlError as exc:
-            await grpc_abort_async(context, exc)
+        return await self.collective.finish(request)
 
     async def GetInfo(self, request, context):
         return rollout_pb2.InfoResponse(
@@ -136,7 +117,7 @@ async def start_grpc_server(
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Starts the Rollout and health services; returns the server, the port it bound and the health servicer."""
     server = grpc.aio.server(
-        interceptors=[AsyncTokenInterceptor(token, PROTECTED_METHODS), AsyncDecodeErrorInterceptor()],
+        interceptors=[AsyncTokenInterceptor(token, PROTECTED_METHODS), AsyncStatusInterceptor()],
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
     rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(engine, receiver, collective), server)

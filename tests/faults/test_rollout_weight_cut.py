@@ -128,7 +128,9 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
     _, perturbed = weights
     # 512 rows of up to 96 tokens: tens of seconds of generation on a CPU, so rows are in flight at the kill
     run = ("dock.prefix=" + DOCK_PREFIX, "dock.run_id=doomed", "dock.lease_seconds=600", "megatron_training.global_batch_size=64",
-           "rl_config.n_samples_per_prompt=8", "rl_config.rollout_max_tokens=96", "generate_config.sampling_config.max_tokens=96")
+           "rl_config.n_samples_per_prompt=8", "rl_config.rollout_max_tokens=96", "generate_config.sampling_config.max_tokens=96",
+           # claims of one group, and a queue with room beside them for the streamed request below
+           "rl_config.actor_rollout_dispatch_size=8", "rollout.max_queue=64")
     cfg = load_config(None, OVERRIDES + run)
     dock = Dock.from_config(cfg, token=TOKEN, redis_url=REDIS_URL)
     dock.create(DockLayout.from_config(cfg))
@@ -158,6 +160,10 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
         call = stub.UpdateWeights.future(stream(), metadata=bearer_metadata(TOKEN))
         assert sent.wait(30)
         time.sleep(1.0)  # the replica stages what was sent
+        # A streamed generation under way when the engine dies must end UNAVAILABLE too (not UNKNOWN).
+        streaming = stub.GenerateStream(rollout_pb2.GenerateRequest(
+            token_ids=rollout_pb2.TokenIds(ids=[1, 2, 3]), sampling=rollout_pb2.SamplingParams(max_tokens=96, n=8, temperature=1.0)))
+        first_chunk = next(streaming)
         os.kill(workers[0], signal.SIGKILL)
         t0 = time.monotonic()
         killed.set()
@@ -167,6 +173,11 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
         answered_s = time.monotonic() - t0
+        try:
+            chunks_after = sum(1 for _ in streaming)
+            stream_code, stream_details = grpc.StatusCode.OK, ""
+        except grpc.RpcError as exc:
+            chunks_after, stream_code, stream_details = -1, exc.code(), exc.details() or ""
         exit_code = replica.proc.wait(timeout=120)
         exited_s = time.monotonic() - t0
         stats = dock.stats()
@@ -182,6 +193,10 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
                     f"finished {stats.ready.get('responses', 0)} of {len(rows)}",
                     code == grpc.StatusCode.UNAVAILABLE and exit_code not in (0, None)
                     and stats.leased.get("actor_rollout", 0) == 0 and stats.ready.get("responses", 0) < len(rows))
+    fault_log.check("rollout weight push", "the same kill while a GenerateStream was mid-stream (first chunk received)",
+                    "the stream ends UNAVAILABLE (the status interceptor maps the engine's error), not UNKNOWN",
+                    f"first chunk {len(first_chunk.token_ids)} tokens; then {stream_code.name} ({stream_details[:70]!r})",
+                    stream_code == grpc.StatusCode.UNAVAILABLE)
 
 
 STALL_S = 5.0

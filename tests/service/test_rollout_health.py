@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rollout_harness import shared_servers
-from services.common.grpc_decode import AsyncDecodeErrorInterceptor
+from services.common.grpc_status import AsyncStatusInterceptor
 
 pytestmark = pytest.mark.service
 
@@ -21,7 +21,7 @@ SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.Health
 def test_watch_streams_status_changes_through_the_decode_interceptor():
     """Watch is a coroutine that writes through its context: the interceptor must await it, not iterate it."""
     async def main():
-        server = grpc.aio.server(interceptors=[AsyncDecodeErrorInterceptor()])
+        server = grpc.aio.server(interceptors=[AsyncStatusInterceptor()])
         servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
         port = server.add_insecure_port("127.0.0.1:0")

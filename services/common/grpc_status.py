@@ -1,9 +1,13 @@
-"""Undecodable request bytes answer INVALID_ARGUMENT instead of grpcio's INTERNAL.
+"""One place where every gRPC service's errors become statuses: the server interceptors.
 
-grpcio parses each request with the method's deserializer before the servicer runs and answers
-INTERNAL ("Exception deserializing request!") when that fails, which reads as a server bug. These
-interceptors take the parsing over: the handler gets raw bytes, parses them itself and aborts with
-INVALID_ARGUMENT naming the method when the bytes are not a valid message.
+- Undecodable request bytes answer INVALID_ARGUMENT naming the method. grpcio parses each request
+  with the method's deserializer before the servicer runs and answers INTERNAL ("Exception
+  deserializing request!") when that fails, which reads as a server bug; these interceptors take
+  the parsing over.
+- A DockrlError the servicer raises, before its reply or in the middle of a streamed one (a vLLM
+  engine that dies mid-stream raises Unavailable), ends the call with the error's own code
+  (services/common/errors.py: INVALID_ARGUMENT, UNAVAILABLE, ...) instead of grpcio's UNKNOWN,
+  so servicers raise and never catch to abort.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import inspect
 
 import grpc
 from google.protobuf.message import DecodeError
+
+from services.common.errors import DockrlError
 
 _BEHAVIOR = {(False, False): "unary_unary", (False, True): "unary_stream", (True, False): "stream_unary", (True, True): "stream_stream"}
 _FACTORY = {
@@ -37,12 +43,23 @@ def _sync_handler(handler, method: str):
         except DecodeError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, _message(method, exc))
 
-    if handler.request_streaming:
-        def parsed(request_iterator, context):
-            return behavior((decode(raw, context) for raw in request_iterator), context)
+    def request_of(raw_or_iterator, context):
+        if handler.request_streaming:
+            return (decode(raw, context) for raw in raw_or_iterator)
+        return decode(raw_or_iterator, context)
+
+    if handler.response_streaming:
+        def parsed(raw_or_iterator, context):
+            try:
+                yield from behavior(request_of(raw_or_iterator, context), context)
+            except DockrlError as exc:
+                context.abort(exc.grpc_code, str(exc))
     else:
-        def parsed(raw, context):
-            return behavior(decode(raw, context), context)
+        def parsed(raw_or_iterator, context):
+            try:
+                return behavior(request_of(raw_or_iterator, context), context)
+            except DockrlError as exc:
+                context.abort(exc.grpc_code, str(exc))
     return _FACTORY[kind](parsed, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
@@ -62,19 +79,25 @@ def _async_handler(handler, method: str):
 
     if handler.response_streaming and inspect.isasyncgenfunction(behavior):
         async def parsed(raw_or_iterator, context):
-            async for item in behavior(await request_of(raw_or_iterator, context), context):
-                yield item
+            try:
+                async for item in behavior(await request_of(raw_or_iterator, context), context):
+                    yield item
+            except DockrlError as exc:
+                await context.abort(exc.grpc_code, str(exc))
     else:
         # Unary responses, and streaming handlers that are coroutines writing through
         # `context.write` (grpc.health.v1's Watch): awaited, not iterated. grpc.aio tells the two
         # kinds apart by the handler's type, so the wrapper must be the same kind as `behavior`.
         async def parsed(raw_or_iterator, context):
-            return await behavior(await request_of(raw_or_iterator, context), context)
+            try:
+                return await behavior(await request_of(raw_or_iterator, context), context)
+            except DockrlError as exc:
+                await context.abort(exc.grpc_code, str(exc))
     return _FACTORY[kind](parsed, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
-class DecodeErrorInterceptor(grpc.ServerInterceptor):
-    """For grpc.server: a request that does not parse is INVALID_ARGUMENT."""
+class StatusInterceptor(grpc.ServerInterceptor):
+    """For grpc.server: a request that does not parse is INVALID_ARGUMENT; a DockrlError its own code."""
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -83,8 +106,8 @@ class DecodeErrorInterceptor(grpc.ServerInterceptor):
         return _sync_handler(handler, handler_call_details.method)
 
 
-class AsyncDecodeErrorInterceptor(grpc.aio.ServerInterceptor):
-    """For grpc.aio.server: a request that does not parse is INVALID_ARGUMENT."""
+class AsyncStatusInterceptor(grpc.aio.ServerInterceptor):
+    """For grpc.aio.server: a request that does not parse is INVALID_ARGUMENT; a DockrlError its own code."""
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
