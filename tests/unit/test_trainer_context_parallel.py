@@ -96,3 +96,21 @@ def test_ulysses_refuses_a_head_count_the_context_parallel_size_does_not_divide(
     with pytest.raises(ValueError, match=r"megatron_training.context_parallel_size: 4 does not divide the 2 attention heads"):
         layout.check_parallel(tp=2, pp=1, cp=4, cp_algo="ulysses_cp_algo")
     layout.check_parallel(tp=2, pp=1, cp=4, cp_algo="megatron_cp_algo")  # the ring splits positions, not heads
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["own-block", "other-rank-block"])
+def test_ring_blocks_off_the_cpu_give_what_the_cpu_flash_kernel_gives(causal):
+    # The ring's explicit-score block (devices other than the CPU) against torch's CPU flash kernel, forward and backward.
+    from services.trainer.modeling.context_parallel import _block_backward, _block_forward
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 4, 6, 8, generator=gen) for _ in range(4))
+    k, v = (t if causal else t[:, :, :3] for t in (k, v))
+    fused = _block_forward(q, k, v, causal, 0.3, fused=True)
+    explicit = _block_forward(q, k, v, causal, 0.3, fused=False)
+    for a, b in zip(fused, explicit):
+        assert torch.allclose(a, b, atol=1e-5)
+    out, lse = fused
+    for a, b in zip(_block_backward(dout, q, k, v, out, lse, causal, 0.3, fused=True),
+                    _block_backward(dout, q, k, v, out, lse, causal, 0.3, fused=False)):
+        assert torch.allclose(a, b, atol=1e-5)

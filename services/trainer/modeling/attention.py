@@ -72,23 +72,28 @@ class SDPACoreAttention(MegatronModule):
             bounds = None
         if self.cp == 1:
             out = self._attend_sbhd(query, key, value, bounds)
+        elif self.cp_comm_type == "a2a":
+            out = self._ulysses(query, key, value, bounds)
         else:
-            lengths = [query.size(0) * self.cp] if bounds is None else [b - a for a, b in zip(bounds[:-1], bounds[1:])]
-            index = context_parallel.layout_index(lengths, self.cp)
-            out = self._context_parallel(query, key, value, index, bounds)
+            out = self._ring(query, key, value, bounds)
         out = out.reshape(out.size(0), out.size(1), -1)
         return out.squeeze(1) if packed else out
 
-    def _context_parallel(self, query, key, value, index: torch.Tensor, bounds: list[int] | None) -> torch.Tensor:
-        """[n, B, H, D] of this CP rank's positions -> [n, B, H, D], attending over the whole sequences."""
-        if self.cp_comm_type == "a2a":
-            if key.size(2) % self.cp:  # too few KV heads to split: give each query head its own
-                key, value = (_expand_groups(t, query.size(2), dim=2) for t in (key, value))
-            q, k, v = (context_parallel.sequence_to_heads(t, index) for t in (query, key, value))
-            return context_parallel.heads_to_sequence(self._attend_sbhd(q, k, v, bounds), index)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, _expand_groups(key, query.size(2), dim=2),
-                                                  _expand_groups(value, query.size(2), dim=2)))
-        return context_parallel.ring_attention(q, k, v, index, bounds, self.softmax_scale).permute(2, 0, 1, 3)
+    def _ulysses(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
+        """[n, B, H, D] of this CP rank's positions -> the same, each rank attending over whole sequences with H / CP heads."""
+        lengths = [query.size(0) * self.cp] if bounds is None else [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        index = context_parallel.layout_index(lengths, self.cp)
+        if key.size(2) % self.cp:  # too few KV heads to split: give each query head its own
+            key, value = (_expand_groups(t, query.size(2), dim=2) for t in (key, value))
+        q, k, v = (context_parallel.sequence_to_heads(t, index) for t in (query, key, value))
+        return context_parallel.heads_to_sequence(self._attend_sbhd(q, k, v, bounds), index)
+
+    def _ring(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
+        """[n, B, H, D] of this CP rank's positions -> the same, keys and values passed around the CP ring."""
+        heads = query.size(2)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, _expand_groups(key, heads, dim=2), _expand_groups(value, heads, dim=2)))
+        local_bounds = [0, query.size(0)] if bounds is None else [b // self.cp for b in bounds]
+        return context_parallel.ring_attention(q, k, v, local_bounds, self.softmax_scale).permute(2, 0, 1, 3)
 
 
 def _expand_groups(kv: torch.Tensor, heads: int, dim: int = 1) -> torch.Tensor:

@@ -11,10 +11,11 @@ of its true position.
 The attention exchanges are written here by hand: megatron-core leaves them to TransformerEngine
 (`TEDotProductAttention` with `cp_comm_type`), which is neither on the CPU nor in this project's
 layer spec (see attention.py). They take the same `cp_comm_type` values: "a2a" is Ulysses
-(MindSpeed-RL's `ulysses_cp_algo`), "p2p" the ring (`megatron_cp_algo`). On an accelerator with
-TransformerEngine installed its fused CP attention would do the ring's work with flash kernels;
-the ring below is the reference that runs everywhere (explicit per-block scores, recomputed in the
-backward pass rather than kept).
+(MindSpeed-RL's `ulysses_cp_algo`), "p2p" the ring (`megatron_cp_algo`). The ring computes each
+block with torch's flash-attention kernel for the CPU and with explicit scores on other devices;
+on a GPU with TransformerEngine installed, TE's fused CP attention (`TEDotProductAttention`, same
+`cp_comm_type`) is the path to take, which this layer spec does not wire up yet (TE is not
+installed here).
 """
 from __future__ import annotations
 
@@ -96,90 +97,118 @@ def _ring_pass(send: torch.Tensor, group) -> torch.Tensor:
     return recv
 
 
-def _block_scores(q, k, scale, allowed):
+def _block_forward(q, k, v, causal: bool, scale: float, fused: bool):
+    """(out, log-sum-exp) of q [B, H, m, D] attending to k/v [B, H, n, D], causal (m == n) or not.
+
+    `fused`: torch's flash-attention kernel for the CPU, which returns the log-sum-exp the merge
+    needs; elsewhere the scores are formed explicitly (TransformerEngine's CP replaces both on GPUs).
+    """
+    if fused:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    scores = _scores(q, k, causal, scale)
+    lse = scores.logsumexp(-1)
+    return torch.matmul((scores - lse.unsqueeze(-1)).exp(), v), lse
+
+
+def _block_backward(dout, q, k, v, out, lse, causal: bool, scale: float, fused: bool):
+    """(dq, dk, dv) of one block, given the merged output and log-sum-exp of the queries' whole attention."""
+    if fused:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout, q, k, v, out, lse, 0.0, causal, scale=scale)
+    probs = (_scores(q, k, causal, scale) - lse.unsqueeze(-1)).exp()
+    dscores = probs * (torch.matmul(dout, v.transpose(-1, -2)) - (dout * out).sum(-1, keepdim=True)) * scale
+    return torch.matmul(dscores, k), torch.matmul(dscores.transpose(-1, -2), q), torch.matmul(probs.transpose(-1, -2), dout)
+
+
+def _scores(q, k, causal: bool, scale: float):
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    return scores.masked_fill(~allowed, float("-inf"))
+    if causal:
+        hidden = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    return scores
+
+
+def _blocks(bounds: list[int], rank: int, src: int):
+    """(query slice, key slice, causal) of each sequence between local `bounds` that rank `rank`'s queries attend in
+    rank `src`'s keys. Each rank holds chunks (r, 2 * CP - 1 - r) of a sequence: its own block is causal; an earlier
+    rank's first chunk is seen whole by both query chunks (its second chunk by neither); a later rank's two chunks are
+    seen whole by the second query chunk only. Half of each other block is never computed.
+    """
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        middle = (start + end) // 2
+        if src == rank:
+            yield slice(start, end), slice(start, end), True
+        elif src < rank:
+            yield slice(start, end), slice(start, middle), False
+        else:
+            yield slice(middle, end), slice(start, end), False
 
 
 class _RingAttention(torch.autograd.Function):
     """Causal attention of this rank's queries against every rank's keys/values, passed around the CP ring.
 
-    q, k, v [B, H, n, D]; positions [CP, n] (each rank's global positions) and segments [CP, n]
-    (which packed sequence each position is in): a key is visible to a query in the same segment
-    at or before it. Blocks merge by online softmax (running log-sum-exp); the backward pass
-    recomputes each block's scores and passes the key/value gradients around the ring with the
-    keys and values, so only q, k, v, the output and the log-sum-exp are kept.
+    q, k, v [B, H, n, D] in this rank's layout; `bounds` the local bounds of its sequences (each
+    sequence's share is two chunks, see `_blocks`). Blocks merge by online softmax (running
+    log-sum-exp); the backward pass recomputes each block with the merged output and log-sum-exp
+    and passes the key/value gradients around the ring with the keys and values, so only q, k, v,
+    the output and the log-sum-exp are kept.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, positions, segments, scale, group):
-        rank = dist.get_rank(group)
-        cp = positions.size(0)
+    def forward(ctx, q, k, v, bounds, scale, group):
+        rank, cp = dist.get_rank(group), dist.get_world_size(group)
+        fused = q.device.type == "cpu"
         out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
         kv = torch.stack([k, v])
         for step in range(cp):
             src = (rank - step) % cp
             incoming = _ring_pass(kv, group) if step < cp - 1 else None
-            allowed = _visible(positions, segments, rank, src)
-            scores = _block_scores(q, kv[0], scale, allowed)
-            block_lse = scores.logsumexp(-1)
-            # A query that sees no key of this block has lse -inf: its weights are 0, not NaN.
-            safe_lse = block_lse.masked_fill(block_lse.isinf(), 0.0)
-            block_out = torch.matmul((scores - safe_lse.unsqueeze(-1)).exp(), kv[1])
-            merged = torch.logaddexp(lse, block_lse)
-            out = out * (lse - merged).exp().unsqueeze(-1) + block_out * (block_lse - merged).exp().unsqueeze(-1)
-            lse = merged
+            for rows, cols, causal in _blocks(bounds, rank, src):
+                block_out, block_lse = _block_forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], causal, scale, fused)
+                merged = torch.logaddexp(lse[:, :, rows], block_lse)
+                out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
+                                   + block_out * (block_lse - merged).exp().unsqueeze(-1))
+                lse[:, :, rows] = merged
             if incoming is not None:
                 kv = incoming
-        ctx.save_for_backward(q, k, v, out, lse, positions, segments)
-        ctx.scale, ctx.group = scale, group
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.bounds, ctx.scale, ctx.group, ctx.fused = bounds, scale, group, fused
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, positions, segments = ctx.saved_tensors
-        scale, group = ctx.scale, ctx.group
-        rank = dist.get_rank(group)
-        cp = positions.size(0)
-        delta = (dout * out).sum(-1, keepdim=True)
+        q, k, v, out, lse = ctx.saved_tensors
+        group = ctx.group
+        rank, cp = dist.get_rank(group), dist.get_world_size(group)
+        dout = dout.contiguous()
         dq = torch.zeros_like(q)
         kv = torch.stack([k, v])
         dkv = torch.zeros_like(kv)  # travels with the block it belongs to
         for step in range(cp):
             src = (rank - step) % cp
-            allowed = _visible(positions, segments, rank, src)
-            probs = (_block_scores(q, kv[0], scale, allowed) - lse.unsqueeze(-1)).exp()
-            dprobs = torch.matmul(dout, kv[1].transpose(-1, -2))
-            dscores = probs * (dprobs - delta) * scale
-            dq += torch.matmul(dscores, kv[0])
-            dkv[0] += torch.matmul(dscores.transpose(-1, -2), q)
-            dkv[1] += torch.matmul(probs.transpose(-1, -2), dout)
+            for rows, cols, causal in _blocks(ctx.bounds, rank, src):
+                dq_b, dk_b, dv_b = _block_backward(dout[:, :, rows], q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols],
+                                                   out[:, :, rows], lse[:, :, rows], causal, ctx.scale, ctx.fused)
+                dq[:, :, rows] += dq_b
+                dkv[0][:, :, cols] += dk_b
+                dkv[1][:, :, cols] += dv_b
             if step < cp - 1:
                 kv, dkv = _ring_pass(torch.stack([kv, dkv]), group).unbind(0)
         # The gradients last held are those of rank + 1's block: one more pass takes them home.
         dkv = _ring_pass(dkv, group) if cp > 1 else dkv
-        return dq, dkv[0], dkv[1], None, None, None, None
+        return dq, dkv[0], dkv[1], None, None, None
 
 
-def _visible(positions, segments, rank: int, src: int) -> torch.Tensor:
-    """[n_q, n_k]: which of rank `src`'s keys each of rank `rank`'s queries sees (causal within its segment)."""
-    q_pos, k_pos = positions[rank].unsqueeze(1), positions[src].unsqueeze(0)
-    return (k_pos <= q_pos) & (segments[rank].unsqueeze(1) == segments[src].unsqueeze(0))
-
-
-def ring_attention(q, k, v, index: torch.Tensor, bounds: list[int] | None, scale: float) -> torch.Tensor:
+def ring_attention(q, k, v, bounds: list[int], scale: float) -> torch.Tensor:
     """Ring attention ("p2p", `megatron_cp_algo`): q, k, v [B, H, n, D] of this rank's positions -> [B, H, n, D].
 
-    `index` [CP, n] is every rank's global positions; `bounds` the packed sequences' flat bounds (None for padded rows).
+    `bounds`: where each sequence's share starts and ends in this rank's n positions ([0, n] for padded rows).
     """
     from megatron.core import parallel_state
 
-    segments = torch.zeros_like(index) if bounds is None else torch.bucketize(index, torch.tensor(bounds[1:-1]), right=True)
-    index, segments = index.to(q.device), segments.to(q.device)
     dtype = q.dtype
-    out = _RingAttention.apply(q.float(), k.float(), v.float(), index, segments, scale,
-                               parallel_state.get_context_parallel_group())
+    out = _RingAttention.apply(q.float(), k.float(), v.float(), bounds, scale, parallel_state.get_context_parallel_group())
     return out.to(dtype)
 
 
