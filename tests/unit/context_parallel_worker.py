@@ -1,7 +1,7 @@
 """One rank of the context-parallel tests, started by torchrun: log-probs, entropy, loss, gradients and one update of a
 fixed batch, padded and packed, under TP x CP.
 
-Usage: torchrun --nproc-per-node TP*CP context_parallel_worker.py HF_DIR OUT_DIR TP CP ALGO
+Usage: torchrun --nproc-per-node TP*CP*DP context_parallel_worker.py HF_DIR OUT_DIR TP CP ALGO
 Each rank writes OUT_DIR/rank{r}.pt with its (tp_rank, cp_rank), per layout (padded, packed): the log-probs and
 entropy of the batch, the mean response NLL, the gradients by megatron name summed over the CP group (what DDP
 reduces), the token ids this rank's forward took and the ones megatron-core's get_batch_on_this_cp_rank gives;
@@ -42,7 +42,8 @@ def main() -> None:
     model = build_model(layout, cp_algo=algo)
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
     batch = random_batch(**BATCH)
-    out = {"key": (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_context_parallel_rank())}
+    out = {"key": (parallel_state.get_data_parallel_rank(), parallel_state.get_tensor_model_parallel_rank(),
+                   parallel_state.get_context_parallel_rank())}
     for name, packed in (("padded", False), ("packed", True)):
         fwd = ForwardConfig(micro_batch_size=3, use_remove_padding=packed)
         logp, entropy = compute_logprobs(model, batch, fwd)

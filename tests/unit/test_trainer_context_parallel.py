@@ -27,17 +27,17 @@ def hf_dir(tmp_path_factory):
     return tiny_hf_model(tmp_path_factory.mktemp("hf"))
 
 
-def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str) -> list[dict]:
+def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * cp), "--master-addr", "127.0.0.1",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * cp * dp), "--master-addr", "127.0.0.1",
            "--master-port", str(port), str(WORKER), str(hf_dir), str(out), str(tp), str(cp), algo]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(tp * cp)]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(tp * cp * dp)]
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +76,16 @@ def test_two_context_parallel_ranks_give_the_log_probs_loss_and_gradients_of_one
 def test_context_parallel_2_with_tensor_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
     # 4 heads / TP 2 = 2 per rank, split over CP 2; the 2 KV heads (1 per TP rank) are too few and get expanded.
     ranks = run_ranks(hf_dir, tmp_path / "tp2cp2", 2, 2, "ulysses_cp_algo")
-    assert sorted(rank["key"] for rank in ranks) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sorted(rank["key"] for rank in ranks) == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
     for rank in ranks:  # gradients are TP shards here: the update's grad norm and weights compare them
+        assert_same_as_one_rank(single, rank, grads=False)
+
+
+def test_context_parallel_2_with_data_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
+    # Each data-parallel replica is a CP pair on half the samples; DDP reduces the gradients over all four ranks.
+    ranks = run_ranks(hf_dir, tmp_path / "dp2cp2", 1, 2, "megatron_cp_algo", dp=2)
+    assert sorted(rank["key"] for rank in ranks) == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    for rank in ranks:  # a rank's gradients are its replica's half of the batch: the update compares the whole
         assert_same_as_one_rank(single, rank, grads=False)
 
 
