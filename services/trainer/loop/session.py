@@ -140,9 +140,9 @@ class TrainerSession:
             from megatron.core import parallel_state as ps
 
             log_event(logging.getLogger("dockrl.trainer"), "ranks", world=world, tensor_parallel=mt.tensor_model_parallel_size,
-                      pipeline_parallel=mt.pipeline_model_parallel_size, context_parallel=mt.context_parallel_size,
-                      context_parallel_algo=mt.context_parallel_algo, data_parallel=ps.get_data_parallel_world_size(),
-                      distributed_optimizer=mt.use_distributed_optimizer)
+                      pipeline_parallel=mt.pipeline_model_parallel_size, data_parallel=ps.get_data_parallel_world_size(),
+                      distributed_optimizer=mt.use_distributed_optimizer, context_parallel=mt.context_parallel_size,
+                      context_parallel_algo=mt.context_parallel_algo)
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             control.checkpoint_handler = session._checkpoint_handler if world == 1 else None
             bind_host = host or cfg.trainer.host

@@ -87,14 +87,21 @@ def _group_peer(group, offset: int) -> int:
     return dist.get_global_rank(group, (dist.get_rank(group) + offset) % dist.get_world_size(group))
 
 
-def _ring_pass(send: torch.Tensor, group) -> torch.Tensor:
-    """Sends `send` to the next rank of the ring and returns what the previous one sent."""
+def _ring_pass(send: torch.Tensor, group):
+    """Starts sending `send` to the next rank of the ring and receiving what the previous one sends; returns a
+    function that waits for both and gives the received tensor (work can run between the two)."""
     recv = torch.empty_like(send)
     ops = [dist.P2POp(dist.isend, send.contiguous(), _group_peer(group, 1), group),
            dist.P2POp(dist.irecv, recv, _group_peer(group, -1), group)]
-    for request in dist.batch_isend_irecv(ops):
-        request.wait()
-    return recv
+    requests = dist.batch_isend_irecv(ops)
+
+    def received() -> torch.Tensor:
+        for request in requests:
+            request.wait()
+        del ops[:]  # the sent tensor is free once its send is done
+        return recv
+
+    return received
 
 
 def _block_forward(q, k, v, causal: bool, scale: float, fused: bool):
@@ -170,8 +177,8 @@ class _RingAttention(torch.autograd.Function):
                 out[:, :, rows] = (out[:, :, rows] * (lse[:, :, rows] - merged).exp().unsqueeze(-1)
                                    + block_out * (block_lse - merged).exp().unsqueeze(-1))
                 lse[:, :, rows] = merged
-            if incoming is not None:
-                kv = incoming
+            if incoming is not None:  # the next block travelled while this one was computed
+                kv = incoming()
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.bounds, ctx.scale, ctx.group, ctx.fused = bounds, scale, group, fused
         return out
@@ -194,9 +201,9 @@ class _RingAttention(torch.autograd.Function):
                 dkv[0][:, :, cols] += dk_b
                 dkv[1][:, :, cols] += dv_b
             if step < cp - 1:
-                kv, dkv = _ring_pass(torch.stack([kv, dkv]), group).unbind(0)
+                kv, dkv = _ring_pass(torch.stack([kv, dkv]), group)().unbind(0)
         # The gradients last held are those of rank + 1's block: one more pass takes them home.
-        dkv = _ring_pass(dkv, group) if cp > 1 else dkv
+        dkv = _ring_pass(dkv, group)() if cp > 1 else dkv
         return dq, dkv[0], dkv[1], None, None, None
 
 
