@@ -151,6 +151,8 @@ class MegatronTrainingConfig:
     train_iters: int = 1  # RL iterations
     tensor_model_parallel_size: int = 1  # Megatron tensor parallel size
     pipeline_model_parallel_size: int = 1  # Megatron pipeline parallel size
+    context_parallel_size: int = 1  # Megatron context parallel size: each sequence split over this many ranks (long responses)
+    context_parallel_algo: str = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads)
     lr: float = 1e-6  # peak learning rate (AdamW)
     critic_lr: float = 0.0  # the PPO critic's peak learning rate; 0: lr
     min_lr: float = 0.0  # learning rate at the end of a decay
@@ -369,7 +371,8 @@ class Config:
     @property
     def actor_data_parallel_size(self) -> int:
         mt = self.megatron_training
-        return max(1, self.rl_config.actor_resource.num_npus // (mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size))
+        model_parallel = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size * mt.context_parallel_size
+        return max(1, self.rl_config.actor_resource.num_npus // max(1, model_parallel))
 
 
 # ---------------------------------------------------------------- parsing
@@ -536,6 +539,30 @@ def _derive_dispatch_sizes(cfg: Config, errors: list[str]) -> Config:
     return dataclasses.replace(cfg, rl_config=dataclasses.replace(rl, **values))
 
 
+def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:
+    """megatron_training.context_parallel_*: the algorithms built, and what context parallel cannot be combined with yet.
+
+    The attention heads a TP rank holds are checked against Ulysses when the model is built (they are in its config.json).
+    """
+    mt, cp = cfg.megatron_training, cfg.megatron_training.context_parallel_size
+    if mt.context_parallel_algo == "hybrid_cp_algo":
+        errors.append("megatron_training.context_parallel_algo: hybrid_cp_algo (Ulysses within a node, the ring across "
+                      "nodes) is not built; use ulysses_cp_algo or megatron_cp_algo")
+    else:
+        _check_choice(errors, "megatron_training.context_parallel_algo", mt.context_parallel_algo, ("ulysses_cp_algo", "megatron_cp_algo"))
+    if cp <= 1:
+        return
+    if mt.seq_length % (2 * cp):
+        errors.append(f"megatron_training.seq_length: {mt.seq_length} is not a multiple of 2 * context_parallel_size = {2 * cp} "
+                      "(each sequence is padded to a multiple of it and split into that many chunks)")
+    if mt.pipeline_model_parallel_size > 1:
+        errors.append("megatron_training.context_parallel_size: cannot be > 1 with pipeline_model_parallel_size > 1 "
+                      "(the pipeline schedule passes whole sequences between stages); set one of them to 1")
+    if cfg.rl_config.adv_estimator == "gae":
+        errors.append("megatron_training.context_parallel_size: cannot be > 1 with rl_config.adv_estimator gae (the PPO critic "
+                      "runs its forward passes on whole sequences); set context_parallel_size: 1 or use group_norm")
+
+
 def _validate(cfg: Config, errors: list[str]) -> None:
     mt, rl, gen, smp = cfg.megatron_training, cfg.rl_config, cfg.generate_config, cfg.generate_config.sampling_config
     for path, value in [
@@ -545,6 +572,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         ("megatron_training.train_iters", mt.train_iters),
         ("megatron_training.tensor_model_parallel_size", mt.tensor_model_parallel_size),
         ("megatron_training.pipeline_model_parallel_size", mt.pipeline_model_parallel_size),
+        ("megatron_training.context_parallel_size", mt.context_parallel_size),
         ("rl_config.n_samples_per_prompt", rl.n_samples_per_prompt),
         ("rl_config.epochs", rl.epochs),
         ("rl_config.partial_rollout_max_split", rl.partial_rollout_max_split),
@@ -669,12 +697,13 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"rl_config.clip_ratio_high: {rl.clip_ratio_high} < clip_ratio_low {rl.clip_ratio_low}")
     if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
         errors.append("rl_config.n_samples_per_prompt: group_norm advantages need at least 2 samples per prompt")
-    mp = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size
-    if rl.actor_resource.num_npus % mp:
+    mp = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size * mt.context_parallel_size
+    if mp > 0 and rl.actor_resource.num_npus % mp:
         errors.append(
             f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus} is not a multiple of "
-            f"tensor_model_parallel_size * pipeline_model_parallel_size = {mp}"
+            f"tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size = {mp}"
         )
+    _validate_context_parallel(cfg, errors)
     if rl.mini_batch_size is not None:
         total = cfg.samples_per_iteration
         if rl.mini_batch_size <= 0 or total % rl.mini_batch_size:

@@ -38,6 +38,9 @@ EXPECTED = {
     "bench_async.py": ["trained samples/s eta 1 / eta 0",
                        "predicted eta >= 1 / eta 0 with rollout and trainer on their own devices"],
     "trainer_logprobs.py": ["packed / padded log-prob pass time"],
+    "bench_context_parallel.py": [f"{what} per rank {path} / cp1" for path in ("cp2-ulysses", "cp2-ring")
+                                  for what in ("activation memory", "step peak resident added")]
+    + [f"time per token {path} / cp1" for path in ("cp2-ulysses", "cp2-ring")],
 }
 
 

@@ -36,6 +36,15 @@ def test_dispatch_sizes_derived_from_gbs_n_and_dp():
     assert rl.mini_batch_size == 32
 
 
+def test_context_parallel_ranks_share_samples_so_the_data_parallel_size_leaves_them_out():
+    cfg = config_from_dict({
+        "megatron_training": {"global_batch_size": 4, "context_parallel_size": 2, "context_parallel_algo": "ulysses_cp_algo"},
+        "rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+    })
+    assert cfg.actor_data_parallel_size == 2
+    assert cfg.rl_config.actor_update_dispatch_size == 4  # 4 * 2 samples over 2 data-parallel replicas
+
+
 def test_explicit_dispatch_size_kept():
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "actor_rollout_dispatch_size": 4},
                             "megatron_training": {"global_batch_size": 4}})
@@ -76,6 +85,23 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"tensor_model_parallel_size": 3}},
      r"rl_config\.actor_resource\.num_npus: 1 is not a multiple of tensor_model_parallel_size"),
     ({"rl_config": {"n_samples_per_prompt": 2, "kl_penalty": "k9"}}, r"rl_config\.kl_penalty: 'k9' is not one of"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 2}}, "megatron_training": {"context_parallel_size": 4}},
+     r"rl_config\.actor_resource\.num_npus: 2 is not a multiple of tensor_model_parallel_size \* pipeline_model_parallel_size \* "
+     r"context_parallel_size = 4"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"context_parallel_algo": "hybrid_cp_algo"}},
+     r"megatron_training\.context_parallel_algo: hybrid_cp_algo \(Ulysses within a node, the ring across nodes\) is not built"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"context_parallel_algo": "ring"}},
+     r"megatron_training\.context_parallel_algo: 'ring' is not one of ulysses_cp_algo, megatron_cp_algo"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 2}},
+      "megatron_training": {"context_parallel_size": 2, "seq_length": 4098}},
+     r"megatron_training\.seq_length: 4098 is not a multiple of 2 \* context_parallel_size = 4"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+      "megatron_training": {"context_parallel_size": 2, "pipeline_model_parallel_size": 2}},
+     r"megatron_training\.context_parallel_size: cannot be > 1 with pipeline_model_parallel_size > 1"),
+    ({"rl_config": {"adv_estimator": "gae", "actor_resource": {"num_npus": 2}}, "megatron_training": {"context_parallel_size": 2}},
+     r"megatron_training\.context_parallel_size: cannot be > 1 with rl_config\.adv_estimator gae"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"context_parallel_size": 0}},
+     r"megatron_training\.context_parallel_size: must be > 0, got 0"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "rollout": {"grpc_port": 70000}}, r"rollout\.grpc_port: 70000 is not a TCP port"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "trainer": {"weight_transport": "nccl"}},
      r"trainer\.weight_transport: 'nccl' is not one of grpc, collective"),

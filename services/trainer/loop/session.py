@@ -102,7 +102,8 @@ class TrainerSession:
         mt, rl = cfg.megatron_training, cfg.rl_config
         if mt.npu_deterministic:
             enable_determinism(mt.seed)
-        init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
+        init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed,
+                      cp=mt.context_parallel_size)
         _, world = _world()
         if world != rl.actor_resource.num_npus:
             raise ValueError(f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus}, but the trainer runs as {world} "
@@ -111,11 +112,11 @@ class TrainerSession:
         dtype = torch.bfloat16 if mt.bf16 else torch.float32
         layout = ModelLayout.from_hf_dir(mt.load)
         hf_state = load_hf_state(mt.load)
-        model = build_model(layout, dtype)
+        model = build_model(layout, dtype, mt.context_parallel_algo)
         load_hf_into_model(model, hf_state, layout)
         ref_model = None
         if rl.init_kl_coef > 0:
-            ref_model = build_model(layout, dtype)
+            ref_model = build_model(layout, dtype, mt.context_parallel_algo)
             load_hf_into_model(ref_model, hf_state, layout)
             ref_model.eval()
             ref_model.requires_grad_(False)
@@ -140,7 +141,8 @@ class TrainerSession:
 
             log_event(logging.getLogger("dockrl.trainer"), "ranks", world=world, tensor_parallel=mt.tensor_model_parallel_size,
                       pipeline_parallel=mt.pipeline_model_parallel_size, data_parallel=ps.get_data_parallel_world_size(),
-                      distributed_optimizer=mt.use_distributed_optimizer)
+                      distributed_optimizer=mt.use_distributed_optimizer, context_parallel=mt.context_parallel_size,
+                      context_parallel_algo=mt.context_parallel_algo)
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             control.checkpoint_handler = session._checkpoint_handler if world == 1 else None
             bind_host = host or cfg.trainer.host

@@ -4,7 +4,8 @@ megatron-core's local `DotProductAttention` needs fused CUDA softmax kernels and
 sequences (`packed_seq_params` must be None); TransformerEngine's takes THD but fuses the layer
 norms into its linear layers under other parameter names than the HF converter maps. This one
 runs on the CPU, CUDA and NPU alike (SDPA picks flash / memory-efficient kernels where the device
-has them) and takes packed input sequence by sequence.
+has them) and takes packed input sequence by sequence. Under context parallel it attends across
+the CP ranks with the exchange `cp_comm_type` names (context_parallel.py).
 """
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ import torch.nn.functional as F
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
+from services.trainer.modeling import context_parallel
+
 
 class SDPACoreAttention(MegatronModule):
     """Causal core attention on `scaled_dot_product_attention`, for padded (sbhd) and packed (thd) input.
 
     Takes the place of megatron-core's DotProductAttention in the layer spec. Heads are the ones of
-    this tensor-parallel rank; grouped-query heads are expanded to the query heads.
+    this tensor-parallel rank; grouped-query heads are expanded to the query heads. With
+    `config.context_parallel_size` > 1 the input is this CP rank's share of each sequence
+    (context_parallel's layout) and `cp_comm_type` picks the exchange: "a2a" (Ulysses) or "p2p" (ring).
     """
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
@@ -32,28 +37,66 @@ class SDPACoreAttention(MegatronModule):
         head_dim = config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.cp = config.context_parallel_size
+        self.cp_comm_type = cp_comm_type or "p2p"
+        if self.cp > 1 and self.cp_comm_type not in context_parallel.CP_ALGOS.values():
+            raise ValueError(f"SDPACoreAttention: cp_comm_type {self.cp_comm_type!r} is not one of "
+                             f"{', '.join(context_parallel.CP_ALGOS.values())}")
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, Hq, S, D], k/v [B, Hkv, S, D] -> [B, Hq, S, D], causal."""
-        groups = q.size(1) // k.size(1)
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        k, v = _expand_groups(k, q.size(1)), _expand_groups(v, q.size(1))
         return F.scaled_dot_product_attention(
             q, k, v, is_causal=True, scale=self.softmax_scale, dropout_p=self.dropout if self.training else 0.0
         )
 
+    def _attend_sbhd(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
+        """[S, B, H, D] -> [S, B, H, D]: causal over each row, or, with `bounds` (B = 1), within each packed sequence."""
+        if bounds is None:
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            return self._attend(q, k, v).permute(2, 0, 1, 3)
+        outs = []
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            q, k, v = (t[start:end].permute(1, 2, 0, 3) for t in (query, key, value))
+            outs.append(self._attend(q, k, v).permute(2, 0, 1, 3))
+        return torch.cat(outs, dim=0)
+
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         """sbhd: [S, B, H, D] -> [S, B, H*D]; thd (packed): [T, H, D] -> [T, H*D], causal per sequence."""
-        if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
+        packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
+        if packed:  # one row of T positions; cu_seqlens are the whole sequences' bounds (padded for CP)
+            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
             bounds = packed_seq_params.cu_seqlens_q.tolist()
-            outs = []
-            for start, end in zip(bounds[:-1], bounds[1:]):
-                q, k, v = (t[start:end].permute(1, 0, 2).unsqueeze(0) for t in (query, key, value))
-                outs.append(self._attend(q, k, v)[0].permute(1, 0, 2))
-            out = torch.cat(outs, dim=0)
-            return out.reshape(out.size(0), -1)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        out = self._attend(q, k, v).permute(2, 0, 1, 3)
-        return out.reshape(out.size(0), out.size(1), -1)
+        else:
+            bounds = None
+        if self.cp == 1:
+            out = self._attend_sbhd(query, key, value, bounds)
+        elif self.cp_comm_type == "a2a":
+            out = self._ulysses(query, key, value, bounds)
+        else:
+            out = self._ring(query, key, value, bounds)
+        out = out.reshape(out.size(0), out.size(1), -1)
+        return out.squeeze(1) if packed else out
+
+    def _ulysses(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
+        """[n, B, H, D] of this CP rank's positions -> the same, each rank attending over whole sequences with H / CP heads."""
+        lengths = [query.size(0) * self.cp] if bounds is None else [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        index = context_parallel.layout_index(lengths, self.cp)
+        if key.size(2) % self.cp:  # too few KV heads to split: give each query head its own
+            key, value = (_expand_groups(t, query.size(2), dim=2) for t in (key, value))
+        q, k, v = (context_parallel.sequence_to_heads(t, index) for t in (query, key, value))
+        return context_parallel.heads_to_sequence(self._attend_sbhd(q, k, v, bounds), index)
+
+    def _ring(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
+        """[n, B, H, D] of this CP rank's positions -> the same, keys and values passed around the CP ring."""
+        heads = query.size(2)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, _expand_groups(key, heads, dim=2), _expand_groups(value, heads, dim=2)))
+        local_bounds = [0, query.size(0)] if bounds is None else [b // self.cp for b in bounds]
+        return context_parallel.ring_attention(q, k, v, local_bounds, self.softmax_scale).permute(2, 0, 1, 3)
+
+
+def _expand_groups(kv: torch.Tensor, heads: int, dim: int = 1) -> torch.Tensor:
+    """Grouped-query keys/values repeated to `heads` heads along `dim` (each KV head serves heads / kv_heads query heads)."""
+    groups = heads // kv.size(dim)
+    return kv.repeat_interleave(groups, dim=dim) if groups > 1 else kv

@@ -68,7 +68,8 @@ def _ranks() -> tuple[int, int, int]:
 def _is_data_parallel_leader() -> bool:
     from megatron.core import parallel_state
 
-    return parallel_state.get_data_parallel_rank() == 0
+    # The CP ranks of a replica hold the same shard: one of them writes it.
+    return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
 
 
 def checkpoint_file(root: str | pathlib.Path, step: int) -> pathlib.Path:

@@ -8,6 +8,8 @@ softmax kernels. `apply_cpu_shims()` answers "cpu" for the first and makes `sync
 `empty_cache` harmless; `megatron_on_cpu()` is a torch function mode that maps the `cuda` device to
 the CPU around calls into megatron's optimizer, DDP and pipeline schedule (it is not on during a
 model's forward and backward outside a schedule, where every torch call would pay its Python hook).
+Under context parallel megatron's rotary embedding picks a CP rank's positions with a pinned index
+moved by `.cuda()`; `apply_cpu_shims()` runs that one function under the same mode.
 Both apply only when no accelerator is present (see `accelerator_present`). The fused CUDA softmax
 of megatron's local core attention is not needed: the layer spec uses `attention.SDPACoreAttention`
 on every device.
@@ -42,6 +44,7 @@ def apply_cpu_shims() -> bool:
         # megatron's DDP frees and re-allocates buffers around these; on CPU there is nothing to wait for.
         torch.cuda.synchronize = lambda *args, **kwargs: None
         torch.cuda.empty_cache = lambda: None
+        _shim_rope_context_parallel()
         _applied = True
     return True
 
@@ -71,9 +74,22 @@ class _CudaAsCpu(torch.overrides.TorchFunctionMode):
             return _CUDA_TYPE_NAMES.get(args[0].dtype) or func(*args)
         if "device" in kwargs:
             kwargs["device"] = _as_cpu(kwargs["device"])
+        kwargs.pop("pin_memory", None)  # pinned memory needs an accelerator
         if func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.Tensor, torch.dtype)):
             args = (args[0], _as_cpu(args[1]), *args[2:])
         return func(*args, **kwargs)
+
+
+def _shim_rope_context_parallel() -> None:
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+
+    original = rotary_pos_embedding.get_pos_emb_on_this_cp_rank
+
+    def on_cpu(pos_emb, seq_dim, cp_group):
+        with _CudaAsCpu():
+            return original(pos_emb, seq_dim, cp_group)
+
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = on_cpu
 
 
 def megatron_on_cpu() -> contextlib.AbstractContextManager:

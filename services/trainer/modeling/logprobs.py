@@ -4,7 +4,9 @@ Each sample is its prompt followed by its response, contiguous. Two equivalent f
 padded (rows right-padded to the micro-batch's longest, causal attention) and packed
 (`use_remove_padding`: samples concatenated into one row in megatron's THD format, attention
 causal within each sample). `use_dynamic_bsz` forms micro-batches by a token budget
-(`max_packing_token_size`) instead of a fixed `micro_batch_size`.
+(`max_packing_token_size`) instead of a fixed `micro_batch_size`. Under context parallel each CP
+rank runs the model on its share of every sequence (context_parallel.py) and the per-token
+log-probs and entropy are gathered whole before the responses' are picked out.
 """
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
+from services.trainer.modeling import context_parallel
 from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
 from services.trainer.modeling.model import compute_device
 
@@ -151,8 +155,10 @@ class ModelInputs:
     positions: torch.Tensor  # same shape as tokens
     attention_mask: torch.Tensor | None  # [1, 1, S, S] causal (True = masked); None when packed
     packed_seq_params: object | None  # megatron PackedSeqParams (THD) when packed
-    starts: list[int]  # flat offset of each sample's first token
+    starts: list[int]  # flat offset of each sample's first token (in the whole, CP-padded layout)
     hidden_shape: tuple[int, int]  # (S, b) or (T, 1): the activations passed between pipeline stages
+    labels: torch.Tensor | None = None  # under CP: the token each of this rank's positions predicts
+    cp_index: torch.Tensor | None = None  # under CP: [CP, n] the flat positions (within a row) each CP rank holds
 
     def run(self, model) -> torch.Tensor:
         """The model's output: logits [b, S, V] on the last pipeline stage, hidden states elsewhere."""
@@ -160,20 +166,36 @@ class ModelInputs:
 
 
 def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
-    """The padded (causal mask) or packed (THD, per-sample causal) inputs of a micro-batch."""
+    """The padded (causal mask) or packed (THD, per-sample causal) inputs of a micro-batch; under context
+    parallel this CP rank's share of them, each sequence (packed) or row (padded) padded to a multiple of 2 * CP."""
     device = compute_device()
+    cp_rank, cp = context_parallel.context_parallel_rank_size()
     lengths = batch.sequence_lengths.tolist()
     if packed:
-        tokens = torch.cat([batch.tokens[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0).to(device)
-        positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0).to(device)
-        bounds = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
-        return ModelInputs(tokens, positions, None, _packed_params(bounds, max(lengths)), bounds[:-1].tolist(),
-                           (tokens.size(1), 1))
-    width = max(lengths)
-    tokens = batch.tokens[:, :width].to(device)
-    positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
-    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
-    return ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size))
+        padded = [context_parallel.padded_length(n, cp) for n in lengths]
+        tokens = torch.cat([F.pad(batch.tokens[i, :n], (0, p - n)) for i, (n, p) in enumerate(zip(lengths, padded))])
+        tokens = tokens.unsqueeze(0).to(device)
+        positions = torch.cat([torch.arange(p) for p in padded]).unsqueeze(0).to(device)
+        bounds = torch.tensor([0] + padded).cumsum(0).to(torch.int32).to(device)
+        inputs = ModelInputs(tokens, positions, None, _packed_params(bounds, max(padded)), bounds[:-1].tolist(),
+                             (tokens.size(1), 1))
+    else:
+        width = context_parallel.padded_length(max(lengths), cp)
+        padded = [width]
+        tokens = F.pad(batch.tokens[:, : max(lengths)], (0, width - max(lengths))).to(device)
+        positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
+        causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
+        inputs = ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size))
+    return inputs if cp == 1 else _context_parallel_share(inputs, padded, cp_rank, cp)
+
+
+def _context_parallel_share(inputs: ModelInputs, lengths: list[int], cp_rank: int, cp: int) -> ModelInputs:
+    """This CP rank's positions of `inputs` (rows of sequences of `lengths` laid end to end), with the labels they predict."""
+    index = context_parallel.layout_index(lengths, cp)
+    mine = index[cp_rank].to(inputs.tokens.device)
+    mask = None if inputs.attention_mask is None else inputs.attention_mask[:, :, mine]
+    return ModelInputs(inputs.tokens[:, mine], inputs.positions[:, mine], mask, inputs.packed_seq_params, inputs.starts,
+                       (mine.numel(), inputs.hidden_shape[1]), inputs.tokens.roll(-1, dims=1)[:, mine], index)
 
 
 def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,7 +204,12 @@ def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInpu
     flat_logits = logits.reshape(-1, logits.size(-1))
     rows, cols = positions_predicting_responses(batch, inputs.starts)
     rows, cols = rows.to(device), cols.to(device)
-    token_logp, entropy = _response_stats(flat_logits[cols], inputs.tokens.reshape(-1)[cols + 1])
+    if inputs.cp_index is None:
+        token_logp, entropy = _response_stats(flat_logits[cols], inputs.tokens.reshape(-1)[cols + 1])
+    else:  # every position of this CP rank's share, then all of them gathered in order: [S, b, 2]
+        every = torch.stack(_response_stats(flat_logits, inputs.labels.reshape(-1)), -1)
+        whole = context_parallel.gather_sequence(every.view(logits.size(0), -1, 2).transpose(0, 1), inputs.cp_index)
+        token_logp, entropy = whole.transpose(0, 1).reshape(-1, 2)[cols].unbind(-1)
     offsets = torch.cat([torch.arange(r) for r in batch.response_lengths.tolist()]).to(device)
     shape = (batch.size, batch.max_response_length)
     out_logp = torch.zeros(shape, device=device).index_put((rows, offsets), token_logp)

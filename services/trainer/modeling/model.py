@@ -69,14 +69,18 @@ class ModelLayout:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         )
 
-    def check_parallel(self, tp: int, pp: int) -> None:
-        """Raises ValueError naming the key when the model cannot be split tp x pp ways."""
+    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo") -> None:
+        """Raises ValueError naming the key when the model cannot be split tp x pp (x cp) ways."""
         for what, size in [("num_key_value_heads", self.num_key_value_heads), ("num_attention_heads", self.num_attention_heads),
                            ("vocab_size", self.vocab_size), ("intermediate_size", self.ffn_hidden_size)]:
             if size % tp:
                 raise ValueError(f"megatron_training.tensor_model_parallel_size: {tp} does not divide the model's {what} {size}")
         if self.num_layers % pp:
             raise ValueError(f"megatron_training.pipeline_model_parallel_size: {pp} does not divide num_hidden_layers {self.num_layers}")
+        if cp > 1 and cp_algo == "ulysses_cp_algo" and (self.num_attention_heads // tp) % cp:
+            raise ValueError(f"megatron_training.context_parallel_size: {cp} does not divide the {self.num_attention_heads // tp} "
+                             f"attention heads of a tensor-parallel rank (num_attention_heads {self.num_attention_heads} / TP {tp}); "
+                             "ulysses_cp_algo splits them over the CP ranks (megatron_cp_algo does not)")
 
 
 def _free_port() -> int:
@@ -118,7 +122,7 @@ def default_backend() -> str:
     return "gloo"
 
 
-def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234) -> None:
+def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234, cp: int = 1) -> None:
     """Initialises torch.distributed (from torchrun's env, or a single local process) and megatron's groups.
 
     Applies the CPU shims when there is no accelerator. Safe to call twice with the same sizes.
@@ -142,12 +146,15 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
-        if (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size()) != (tp, pp):
-            raise RuntimeError("init_parallel: already initialised with other tensor/pipeline parallel sizes")
+        if (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_context_parallel_world_size()) != (tp, pp, cp):
+            raise RuntimeError("init_parallel: already initialised with other tensor/pipeline/context parallel sizes")
         return
-    if dist.get_world_size() % (tp * pp):
-        raise ValueError(f"megatron_training: world size {dist.get_world_size()} is not a multiple of TP {tp} x PP {pp}")
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    if dist.get_world_size() % (tp * pp * cp):
+        raise ValueError(f"megatron_training: world size {dist.get_world_size()} is not a multiple of TP {tp} x PP {pp} x CP {cp}")
+    # Data-parallel groups leave the CP ranks out (they hold the same samples); gradients are reduced over DP x CP.
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             context_parallel_size=cp)
     torch.manual_seed(seed)
     if not on_cpu:
         from megatron.core import tensor_parallel
@@ -165,8 +172,14 @@ def destroy_parallel() -> None:
         dist.destroy_process_group()
 
 
-def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32):
-    """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU)."""
+def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32, cp: int = 1,
+                       cp_algo: str = "megatron_cp_algo"):
+    """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU).
+
+    `cp_algo` (MindSpeed-RL's context_parallel_algo) becomes megatron's cp_comm_type, which the core attention reads.
+    """
+    from services.trainer.modeling.context_parallel import CP_ALGOS
+
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -187,6 +200,8 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,
+        cp_comm_type=CP_ALGOS[cp_algo] if cp > 1 else None,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         variable_seq_lengths=pp > 1,  # micro-batches differ in length: the 1F1B schedule sends each tensor's shape first
@@ -203,8 +218,12 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
     )
 
 
-def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
-    """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice."""
+def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo: str = "megatron_cp_algo"):
+    """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice.
+
+    With context parallel (init_parallel's `cp`) its attention exchanges sequence shares by `cp_algo`
+    (ulysses_cp_algo | megatron_cp_algo).
+    """
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -214,14 +233,15 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
-    layout.check_parallel(tp, pp)
+    cp = parallel_state.get_context_parallel_world_size()
+    layout.check_parallel(tp, pp, cp, cp_algo)
     if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
         # megatron-core syncs the two copies of a tied embedding with a .cuda() call at construction.
         raise ValueError("megatron_training.pipeline_model_parallel_size: tied embeddings with PP > 1 need an accelerator")
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
     model = GPTModel(
-        transformer_config(layout, tp, pp, dtype),
+        transformer_config(layout, tp, pp, dtype, cp, cp_algo),
         transformer_layer_spec=spec,
         vocab_size=layout.vocab_size,
         max_sequence_length=layout.max_position_embeddings,

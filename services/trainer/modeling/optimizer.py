@@ -37,11 +37,12 @@ class ModelOptimizer:
 
     @property
     def loss_scale(self) -> float:
-        """What a rank multiplies its loss by: DDP averages gradients over the data-parallel ranks,
-        and each rank's loss is already its share of the whole mini-batch's, so the mean is scaled back to the sum."""
+        """What a rank multiplies its loss by: DDP averages gradients over the data-parallel ranks (times the
+        context-parallel ones, whose gradients are each a part of their replica's), and each rank's loss is already
+        its share of the whole mini-batch's, so the mean is scaled back to the sum."""
         from megatron.core import parallel_state
 
-        return float(parallel_state.get_data_parallel_world_size())
+        return float(parallel_state.get_data_parallel_world_size(with_context_parallel=True))
 
     def zero_grad(self) -> None:
         """Clears the gradient buffers before a mini-batch's micro-batches accumulate into them."""

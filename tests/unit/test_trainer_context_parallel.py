@@ -1,0 +1,124 @@
+"""Context parallel in the trainer: Ulysses and ring attention over two CP ranks (and TP 2 x CP 2) give what one rank gives.
+
+Each case runs tests/unit/context_parallel_worker.py under torchrun (gloo) and compares what a user would check
+against one rank on the same batch: the log-probs and entropy handed back (padded and packed), the loss, the
+gradients once DDP has summed the CP ranks' parts, the metrics of an update with dynamic batch size, and the weights
+after it. A split that gave a token the wrong RoPE position, or an exchange that mixed heads or positions, would
+move the log-probs far past these fp32 tolerances.
+"""
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from trainer_helpers import tiny_hf_model
+
+from services.trainer.modeling.context_parallel import chunk_index, layout_index, padded_length
+from services.trainer.modeling.model import ModelLayout
+
+WORKER = pathlib.Path(__file__).with_name("context_parallel_worker.py")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return tiny_hf_model(tmp_path_factory.mktemp("hf"))
+
+
+def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * cp * dp), "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(WORKER), str(hf_dir), str(out), str(tp), str(cp), algo]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(tp * cp * dp)]
+
+
+@pytest.fixture(scope="module")
+def single(hf_dir, tmp_path_factory):
+    (rank,) = run_ranks(hf_dir, tmp_path_factory.mktemp("cp1"), 1, 1, "megatron_cp_algo")
+    return rank
+
+
+def assert_same_as_one_rank(single: dict, rank: dict, grads: bool = True) -> None:
+    for layout in ("padded", "packed"):
+        one, other = single[layout], rank[layout]
+        assert torch.allclose(other["logp"], one["logp"], atol=1e-5), layout
+        assert torch.allclose(other["entropy"], one["entropy"], atol=1e-5), layout
+        assert other["loss"] == pytest.approx(one["loss"], abs=1e-6), layout
+        if grads:
+            for name, grad in one["grads"].items():
+                assert torch.allclose(other["grads"][name], grad, atol=1e-5), (layout, name)
+    for name in ("loss", "pg_loss", "entropy", "grad_norm"):
+        assert rank["update"][name] == pytest.approx(single["update"][name], abs=1e-5), name
+    for name, weight in single["weights"].items():
+        assert torch.allclose(rank["weights"][name], weight, atol=1e-4, rtol=0), name
+
+
+@pytest.mark.parametrize("algo", ["ulysses_cp_algo", "megatron_cp_algo"])
+def test_two_context_parallel_ranks_give_the_log_probs_loss_and_gradients_of_one(hf_dir, tmp_path, single, algo):
+    pair = run_ranks(hf_dir, tmp_path / algo, 1, 2, algo)
+    for rank in pair:
+        assert_same_as_one_rank(single, rank)
+        # Each rank ran the model on half of every (padded) row, and on the positions megatron-core's split gives it.
+        padded = rank["padded"]
+        assert padded["local_tokens"].size(1) * 2 == padded_length(single["padded"]["local_tokens"].size(1), 2)
+        assert torch.equal(padded["local_tokens"], padded["megatron_tokens"])
+    assert not torch.equal(pair[0]["padded"]["local_tokens"], pair[1]["padded"]["local_tokens"])
+
+
+def test_context_parallel_2_with_tensor_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
+    # 4 heads / TP 2 = 2 per rank, split over CP 2; the 2 KV heads (1 per TP rank) are too few and get expanded.
+    ranks = run_ranks(hf_dir, tmp_path / "tp2cp2", 2, 2, "ulysses_cp_algo")
+    assert sorted(rank["key"] for rank in ranks) == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
+    for rank in ranks:  # gradients are TP shards here: the update's grad norm and weights compare them
+        assert_same_as_one_rank(single, rank, grads=False)
+
+
+def test_context_parallel_2_with_data_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
+    # Each data-parallel replica is a CP pair on half the samples; DDP reduces the gradients over all four ranks.
+    ranks = run_ranks(hf_dir, tmp_path / "dp2cp2", 1, 2, "megatron_cp_algo", dp=2)
+    assert sorted(rank["key"] for rank in ranks) == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    for rank in ranks:  # a rank's gradients are its replica's half of the batch: the update compares the whole
+        assert_same_as_one_rank(single, rank, grads=False)
+
+
+def test_the_split_balances_causal_work_and_covers_every_position_once():
+    # CP 2 of a 12-token sequence: chunks of 3, rank 0 holds the first and last, rank 1 the middle two.
+    assert chunk_index(12, 2, 0).tolist() == [0, 1, 2, 9, 10, 11]
+    assert chunk_index(12, 2, 1).tolist() == [3, 4, 5, 6, 7, 8]
+    index = layout_index([8, 4], 2)  # two packed sequences, each split on its own
+    assert index.tolist() == [[0, 1, 6, 7, 8, 11], [2, 3, 4, 5, 9, 10]]
+    assert sorted(index.reshape(-1).tolist()) == list(range(12))
+    assert [padded_length(n, 2) for n in (1, 4, 5)] == [4, 4, 8] and padded_length(5, 1) == 5
+
+
+def test_ulysses_refuses_a_head_count_the_context_parallel_size_does_not_divide(hf_dir):
+    layout = ModelLayout.from_hf_dir(hf_dir)  # 4 attention heads
+    with pytest.raises(ValueError, match=r"megatron_training.context_parallel_size: 4 does not divide the 2 attention heads"):
+        layout.check_parallel(tp=2, pp=1, cp=4, cp_algo="ulysses_cp_algo")
+    layout.check_parallel(tp=2, pp=1, cp=4, cp_algo="megatron_cp_algo")  # the ring splits positions, not heads
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["own-block", "other-rank-block"])
+def test_ring_blocks_off_the_cpu_give_what_the_cpu_flash_kernel_gives(causal):
+    # The ring's explicit-score block (devices other than the CPU) against torch's CPU flash kernel, forward and backward.
+    from services.trainer.modeling.context_parallel import _block_backward, _block_forward
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 4, 6, 8, generator=gen) for _ in range(4))
+    k, v = (t if causal else t[:, :, :3] for t in (k, v))
+    fused = _block_forward(q, k, v, causal, 0.3, fused=True)
+    explicit = _block_forward(q, k, v, causal, 0.3, fused=False)
+    for a, b in zip(fused, explicit):
+        assert torch.allclose(a, b, atol=1e-5)
+    out, lse = fused
+    for a, b in zip(_block_backward(dout, q, k, v, out, lse, causal, 0.3, fused=True),
+                    _block_backward(dout, q, k, v, out, lse, causal, 0.3, fused=False)):
+        assert torch.allclose(a, b, atol=1e-5)
