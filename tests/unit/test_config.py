@@ -42,7 +42,6 @@ def test_context_parallel_ranks_share_samples_so_the_data_parallel_size_leaves_t
         "rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
     })
     assert cfg.actor_data_parallel_size == 2
-    assert cfg.rl_config.actor_update_dispatch_size == 4  # 4 * 2 samples over 2 data-parallel replicas
 
 
 def test_explicit_dispatch_size_kept():
