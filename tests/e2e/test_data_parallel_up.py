@@ -39,17 +39,3 @@ def test_a_trainer_started_as_fewer_processes_than_num_npus_says_so():
     assert done.returncode != 0
     assert "rl_config.actor_resource.num_npus: 2, but the trainer runs as 1 process(es)" in done.stderr
 
-
-def test_the_demo_trains_with_two_context_parallel_trainer_ranks(run_up):
-    # Both ranks hold the same samples (data parallel 1), each half of every sequence; the trainer's log-probs, taken
-    # under CP, still agree with the rollout engine's on the tokens it generated.
-    iters = 3
-    metrics, _, log_dir = run_up("rl_config.actor_resource.num_npus=2", "megatron_training.context_parallel_size=2",
-                                 "megatron_training.context_parallel_algo=ulysses_cp_algo", f"megatron_training.train_iters={iters}",
-                                 "trainer.eval_interval=0")
-    records = steps(metrics)
-    assert [r["step"] for r in records] == list(range(1, iters + 1))
-    assert all(math.isfinite(r["actor/grad_norm"]) and r["actor/grad_norm"] > 0 for r in records)
-    assert max(r["train_rollout_logprob_diff"] for r in records) < 1e-3
-    trainer_log = (log_dir / "services" / "trainer.log").read_text()
-    assert "data_parallel=1 distributed_optimizer=True context_parallel=2 context_parallel_algo=ulysses_cp_algo" in trainer_log
