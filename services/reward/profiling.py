@@ -1,13 +1,15 @@
 """torch.profiler on a reward worker (profiler_config.reward, MindSpeed-RL's keys).
 
 While the dock's policy version + 1 (the trainer iteration being scored for) is a profiled step,
-the worker's claims, response decoding, scoring calls and puts are recorded; the trace is written
+the worker's claims, response decoding, scoring calls and puts are recorded (named ranges
+`dock_claim`, `score_samples`, `dock_put` around the operators); the trace is written
 when the range ends (or the worker stops) as one Chrome trace,
 <profile_save_path or trainer.log_dir/profiler>/reward/<host>_<pid>/reward_step<s>...pt.trace.json.
 Verifiers that run in the worker's process pool (rl_config.verifier_parallel > 1) show as the wait for them.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
@@ -33,7 +35,7 @@ class ScoringProfiler:
         return cls(cfg.profiler_config.reward, profiler_trace_root(cfg, "reward") / f"{socket.gethostname()}_{os.getpid()}")
 
     def at_step(self, step: int) -> None:
-        """Called before each claim with the trainer iteration being scored for."""
+        """Called with each claim, before its rows are scored, with the trainer iteration being scored for."""
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
 
         wanted = self.pc.traces_step(step)
@@ -45,6 +47,14 @@ class ScoringProfiler:
             log_event(log, "profiler started", step=step)
         elif not wanted and self.prof is not None:
             self.stop()
+
+    def range(self, name: str):
+        """A named range in the trace while a profile runs (the worker's claim, scoring and put); otherwise nothing."""
+        if self.prof is None:
+            return contextlib.nullcontext()
+        from torch.profiler import record_function
+
+        return record_function(name)
 
     def stop(self) -> None:
         """Ends a running profile and writes its trace."""

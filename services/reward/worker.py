@@ -18,6 +18,7 @@ lease expires and another replica of the same kind takes the rows.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -120,20 +121,29 @@ class RewardWorker:
             columns.append(MODEL_COLUMN)  # claimed only once a reward-model replica put the model's part
         elif self.plan.uses_model:
             columns.append("prompts")
-        claim = self.dock.claim(CONSUMER, columns, self.count, group=True,
-                                partial_columns=["response_length"], timeout_s=wait_s)
+        with self._range("dock_claim"):
+            claim = self.dock.claim(CONSUMER, columns, self.count, group=True,
+                                    partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
             return None
+        if self.profiler is not None:  # decided on the rows claimed: a claim waits, and the iteration may move meanwhile
+            self.profiler.at_step(self.dock.policy_version() + 1)
         started = time.time()
         try:
-            scored = score_samples(self._inputs(claim), self.plan, self.runner, self.model)
+            with self._range("score_samples"):
+                scored = score_samples(self._inputs(claim), self.plan, self.runner, self.model)
         except Exception:  # e.g. the tokenizer cannot load: give the rows back at once
             self.dock.release(claim.lease, claim.indexes)
             raise
         columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
         if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
             columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
-        return self._put(claim, columns, scored, started)
+        with self._range("dock_put"):
+            return self._put(claim, columns, scored, started)
+
+    def _range(self, name: str):
+        """A named range in the profiler's trace (profiler_config.reward), when one runs."""
+        return self.profiler.range(name) if self.profiler is not None else contextlib.nullcontext()
 
     def _model_step(self, wait_s: float) -> BatchReport | None:
         claim = self.dock.claim(MODEL_CONSUMER, ["responses", "prompts"], self.count, group=True,
@@ -201,8 +211,6 @@ class RewardWorker:
                     if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
                         registry.register(replica_id, address or "dock-only", self.registry_kind)  # also revives an expired entry
                         last_beat = time.monotonic()
-                    if self.profiler is not None:
-                        self.profiler.at_step(self.dock.policy_version() + 1)  # the trainer iteration being scored for
                     report = self.step(wait_s=_CLAIM_WAIT_S)
                 except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait
                     if str(exc) != waiting_for:

@@ -110,7 +110,6 @@ class DockWorker:
         try:
             while not stop.is_set():
                 try:
-                    await self.profiler.at_step(self.engine.version + 1)  # the trainer iteration these rows feed
                     claim = await asyncio.to_thread(self._claim)
                 except DockrlError as exc:  # Redis away, or no dock created yet: ask again later
                     if str(exc) != refused:  # once per distinct reason, not once a second
@@ -121,6 +120,7 @@ class DockWorker:
                 refused = ""
                 if claim is None:
                     continue
+                await self.profiler.at_step(self.engine.version + 1)  # the trainer iteration these rows feed
                 await self._serve_claim(claim, stop)
         finally:
             heartbeat.cancel()

@@ -2,8 +2,8 @@
 
 The engine is started with vLLM's `--profiler-config` (torch profiler, traces under
 <profile_save_path or trainer.log_dir/profiler>/rollout/<host>_<pid>/), and the dock worker starts
-it when the replica begins generating for a profiled trainer iteration (its policy version + 1)
-and stops it after the last one. vLLM writes one Chrome trace per engine worker: the model's
+it before generating a claim's rows for a profiled trainer iteration (its policy version + 1) and
+stops it before the first claim past the last one. vLLM writes one Chrome trace per engine worker: the model's
 forward, sampling and scheduling, as Perfetto and TensorBoard open them.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ class EngineProfiler:
         self.active = False
 
     async def at_step(self, step: int) -> None:
-        """Called before each claim with the iteration its rows feed: starts or stops the profiler."""
+        """Called with each claim, before its rows are generated, with the iteration they feed: starts or stops the profiler."""
         wanted = self.pc.traces_step(step)
         if wanted and not self.active:
             await self.llm.start_profile(profile_prefix=f"step{step}")

@@ -33,4 +33,4 @@ def test_each_role_traces_only_the_configured_steps(run_up, tmp_path):
     reward = sorted((save / "reward").glob("*/*.pt.trace.json"))
     assert [t.name.split(".")[0] for t in reward] == ["reward_step2"], reward
     scored = {e.get("name") for e in json.loads(reward[0].read_text())["traceEvents"]}
-    assert scored, reward
+    assert {"dock_claim", "score_samples", "dock_put"} <= scored, sorted(str(n) for n in scored)[:40]
