@@ -102,7 +102,8 @@ class TrainerSession:
         mt, rl = cfg.megatron_training, cfg.rl_config
         if mt.npu_deterministic:
             enable_determinism(mt.seed)
-        init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed)
+        init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed,
+                      mt.expert_model_parallel_size)
         _, world = _world()
         if world != rl.actor_resource.num_npus:
             raise ValueError(f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus}, but the trainer runs as {world} "

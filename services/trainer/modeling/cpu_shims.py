@@ -3,9 +3,10 @@
 megatron-core 0.16 assumes CUDA where it matters for training on CPU: it asks
 `torch.cuda.current_device()` for the device of buffers it creates; its optimizers, gradient
 clipping and data-parallel wrapper make tensors with `device="cuda"`, call `.cuda()` and check
-`param.type()` against `torch.cuda.FloatTensor`; and its local core attention relies on fused CUDA
-softmax kernels. `apply_cpu_shims()` answers "cpu" for the first and makes `synchronize` /
-`empty_cache` harmless; `megatron_on_cpu()` is a torch function mode that maps the `cuda` device to
+`param.type()` against `torch.cuda.FloatTensor`; its MoE all-to-all token dispatcher copies routing
+counts to the host on a side `torch.cuda.Stream`; and its local core attention relies on fused CUDA
+softmax kernels. `apply_cpu_shims()` answers "cpu" for the first, makes `synchronize` /
+`empty_cache` harmless and gives the dispatcher a stream that runs everything in order; `megatron_on_cpu()` is a torch function mode that maps the `cuda` device to
 the CPU around calls into megatron's optimizer, DDP and pipeline schedule (it is not on during a
 model's forward and backward outside a schedule, where every torch call would pay its Python hook).
 Both apply only when no accelerator is present (see `accelerator_present`). The fused CUDA softmax
@@ -42,9 +43,28 @@ def apply_cpu_shims() -> bool:
         # megatron's DDP frees and re-allocates buffers around these; on CPU there is nothing to wait for.
         torch.cuda.synchronize = lambda *args, **kwargs: None
         torch.cuda.empty_cache = lambda: None
+        # The MoE dispatcher's device-to-host side stream: on the CPU every copy is already done in order.
+        torch.cuda.Stream = _InOrderStream
+        torch.cuda.current_stream = lambda *args, **kwargs: _MAIN_STREAM
+        torch.cuda.stream = lambda stream: contextlib.nullcontext()
         _applied = True
     return True
 
+
+class _InOrderStream:
+    """A stream on the CPU, where work runs in program order: waiting on one or on its events returns at once."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def record_event(self) -> "_InOrderStream":
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+_MAIN_STREAM = _InOrderStream()
 
 _CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
                     torch.bfloat16: "torch.cuda.BFloat16Tensor"}
