@@ -163,6 +163,11 @@ def _expert_index(name: str) -> tuple[str, int, str] | None:
     return head + sep, int(number), rest
 
 
+def is_expert_tensor(name: str) -> bool:
+    """Whether a megatron name is a routed expert's (split over expert-parallel ranks)."""
+    return _EXPERTS in name
+
+
 def expert_parallel_part(shard: Mapping[str, torch.Tensor], layout: ModelLayout, ep: int, ep_rank: int) -> dict[str, torch.Tensor]:
     """Of a shard holding every expert, what expert-parallel rank `ep_rank` of `ep` holds: its num_experts / ep
     consecutive experts, renumbered from 0 (megatron's local expert names), and every other tensor."""

@@ -66,6 +66,23 @@ class _InOrderStream:
 
 _MAIN_STREAM = _InOrderStream()
 
+def apply_moe_cpu_shims() -> None:
+    """Makes megatron's MoE all-to-all dispatcher take its split sizes as numbers on the CPU; idempotent.
+
+    The dispatcher turns its per-rank token counts into numpy split sizes only while copying them
+    off a CUDA device; on the CPU they stay tensors, which gloo's all_to_all_single refuses.
+    """
+    if accelerator_present():
+        return
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        tensor = moe_utils.maybe_move_tensor_to_cpu(tensor, as_numpy, record_stream)
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
 _CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
                     torch.bfloat16: "torch.cuda.BFloat16Tensor"}
 

@@ -288,7 +288,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     from services.trainer.modeling.attention import SDPACoreAttention
-    from services.trainer.modeling.cpu_shims import accelerator_present
+    from services.trainer.modeling.cpu_shims import accelerator_present, apply_moe_cpu_shims
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
@@ -303,6 +303,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32):
         if not moe_utils.HAVE_TE:
             # megatron-core 0.16.1's router GEMM tests `te_general_gemm`, a name it defines only when Transformer Engine imports.
             moe_utils.te_general_gemm = None
+        apply_moe_cpu_shims()
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=layout.qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
