@@ -98,3 +98,27 @@ def test_moe_layouts_this_model_cannot_build_are_refused(moe_dir, tmp_path, chan
     (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ValueError, match=message):
         ModelLayout.from_hf_dir(tmp_path)
+
+
+def test_the_load_balancing_loss_enters_the_gradient_and_is_reported(tmp_path):
+    import dataclasses
+
+    from trainer_helpers import random_batch
+    from trainer_parallel_worker import PARITY_BATCH, parity_update
+
+    from services.trainer.modeling.checkpoint_convert import load_hf_into_model
+    from services.trainer.modeling.model import build_model, init_parallel
+
+    hf_dir = tiny_hf_model(tmp_path, architecture="qwen2_moe")
+    init_parallel(1, 1)
+    hf, layout = load_hf_state(hf_dir), ModelLayout.from_hf_dir(hf_dir)
+    metrics = {}
+    for coef in (0.0, 0.001, 0.1):
+        model = build_model(dataclasses.replace(layout, router_aux_loss_coef=coef))
+        load_hf_into_model(model, hf, layout)
+        metrics[coef] = parity_update(model, random_batch(**PARITY_BATCH))
+    assert metrics[0.0]["moe_aux_loss"] == 0.0 and metrics[0.001]["moe_aux_loss"] > 0
+    # The same routing, scaled by its coefficient: the metric is router_aux_loss_coef x the load-balancing loss.
+    assert metrics[0.1]["moe_aux_loss"] == pytest.approx(100 * metrics[0.001]["moe_aux_loss"], rel=1e-5)
+    assert metrics[0.1]["pg_loss"] == pytest.approx(metrics[0.0]["pg_loss"], abs=1e-7)  # the policy loss is the same ...
+    assert abs(metrics[0.1]["grad_norm"] - metrics[0.0]["grad_norm"]) > 1e-4  # ... its gradient is not
