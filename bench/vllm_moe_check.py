@@ -4,7 +4,8 @@ Builds two tiny models A and B of `--architecture` (weights redrawn at std 0.1 s
 vLLM on A with the rollout's worker extension, and prints the largest |vLLM log-prob - transformers log-prob| over
 greedy continuations of two prompts: for A as loaded, then after B's weights, converted to megatron shards and gathered
 back to HF names as the trainer's push does, went through the rollout's reload path (stage_bucket + commit_staged),
-against transformers running B. 1e-5 or so means it serves / applies the push; ~1 nat means it does not.
+against transformers running B. 1e-5 or so means it serves / applies the push; ~1 nat means it does not (vLLM 0.32's
+reload alone leaves MoE experts unpacked on the CPU: services/rollout/moe_reload.py).
 
     VLLM_CPU_KVCACHE_SPACE=1 python bench/vllm_moe_check.py --architecture qwen2_moe
 """
