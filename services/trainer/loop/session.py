@@ -215,10 +215,15 @@ class TrainerSession:
 
     def gather_weights(self) -> dict[str, torch.Tensor]:
         """The policy in HF names (a collective over the TP and PP ranks of data-parallel rank 0, which holds
-        rank 0, the one that pushes); empty on the other data-parallel ranks, whose copy is the same."""
-        if data_parallel_rank_size()[0] != 0:
+        rank 0, the one that pushes); empty on the other data-parallel ranks, whose copy is the same. With expert
+        parallel every rank takes part: the experts are split over data-parallel ranks."""
+        from megatron.core import parallel_state
+
+        first = data_parallel_rank_size()[0] == 0
+        if not first and parallel_state.get_expert_model_parallel_world_size() == 1:
             return {}
-        return gather_hf_weights(self.model, self.layout)
+        weights = gather_hf_weights(self.model, self.layout)
+        return weights if first else {}
 
     def _train_state(self) -> TrainState:
         epoch, index = divmod(self.prompt_cursor, self.num_prompts)
