@@ -133,9 +133,10 @@ def _cmd_config_import(args: argparse.Namespace) -> int:
 
 
 def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("init-model", help="build the tiny Qwen2-layout model and tokenizer locally",
-                       description="Builds a randomly initialised Qwen2-layout Hugging Face checkpoint and a byte-level "
-                                   "tokenizer from the config's init_model section (deterministic for a seed).")
+    p = sub.add_parser("init-model", help="build the tiny Qwen2-layout (or Qwen MoE) model and tokenizer locally",
+                       description="Builds a randomly initialised Qwen2, Qwen2-MoE or Qwen3-MoE Hugging Face checkpoint "
+                                   "(init_model.architecture) and a byte-level tokenizer from the config's init_model "
+                                   "section (deterministic for a seed).")
     _add_config_args(p)
     p.add_argument("--out", help="output directory (default: megatron_training.load)")
     p.add_argument("--seed", type=int, default=None, help="init seed (default: init_model.seed)")

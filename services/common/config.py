@@ -153,6 +153,7 @@ class MegatronTrainingConfig:
     pipeline_model_parallel_size: int = 1  # Megatron pipeline parallel size
     context_parallel_size: int = 1  # Megatron context parallel size: each sequence split over this many ranks (long responses)
     context_parallel_algo: str = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads)
+    expert_model_parallel_size: int = 1  # Megatron expert parallel size: each MoE layer's experts split over this many data-parallel ranks (must divide the model's experts)
     lr: float = 1e-6  # peak learning rate (AdamW)
     critic_lr: float = 0.0  # the PPO critic's peak learning rate; 0: lr
     min_lr: float = 0.0  # learning rate at the end of a decay
@@ -264,13 +265,18 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class InitModelConfig:
-    """A tiny Qwen2-layout model built locally (`dockrl init-model`)."""
+    """A tiny Qwen2-layout (or Qwen MoE) model built locally (`dockrl init-model`)."""
 
+    architecture: str = "qwen2"  # qwen2 (dense) | qwen2_moe (routed experts + a sigmoid-gated shared expert) | qwen3_moe (routed experts, q/k norm)
     hidden_size: int = 128  # model width
     num_layers: int = 2  # transformer layers
     num_attention_heads: int = 4  # query heads (hidden_size / heads must be a vLLM CPU head_dim)
     num_key_value_heads: int = 2  # KV heads (GQA)
     intermediate_size: int = 384  # SwiGLU hidden size
+    num_experts: int = 4  # MoE architectures: routed experts per layer
+    num_experts_per_tok: int = 2  # MoE architectures: experts each token is routed to (top-k)
+    moe_intermediate_size: int = 96  # MoE architectures: each routed expert's SwiGLU hidden size
+    shared_expert_intermediate_size: int = 192  # qwen2_moe: the shared expert's SwiGLU hidden size
     max_position_embeddings: int = 512  # RoPE positions
     tie_word_embeddings: bool = False  # share input embedding and output layer
     seed: int = 0  # random seed
@@ -472,6 +478,25 @@ def _check_positive(errors: list[str], path: str, value: int | float | None, all
         return
     if value < 0 or (value == 0 and not allow_zero):
         errors.append(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
+
+
+def _validate_init_model_moe(init: InitModelConfig, errors: list[str]) -> None:
+    """init_model's architecture and its MoE sizes; an MoE key set for a model that has no such part is an error."""
+    _check_choice(errors, "init_model.architecture", init.architecture, ("qwen2", *MOE_ARCHITECTURES))
+    default = InitModelConfig()
+    unused = ["num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"]
+    if init.architecture in MOE_ARCHITECTURES:
+        unused = ["shared_expert_intermediate_size"] if init.architecture == "qwen3_moe" else []
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"):
+            _check_positive(errors, f"init_model.{key}", getattr(init, key))
+        if init.num_experts_per_tok > init.num_experts:
+            errors.append(f"init_model.num_experts_per_tok: {init.num_experts_per_tok} is more than num_experts {init.num_experts}")
+    for key in unused:
+        if getattr(init, key) != getattr(default, key):
+            errors.append(f"init_model.{key}: {getattr(init, key)!r} has no effect on architecture {init.architecture!r}; remove it")
 
 
 def _check_sentinel_keys(dock: DockConfig, errors: list[str]) -> None:
@@ -697,7 +722,21 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append(f"rl_config.clip_ratio_high: {rl.clip_ratio_high} < clip_ratio_low {rl.clip_ratio_low}")
     if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
         errors.append("rl_config.n_samples_per_prompt: group_norm advantages need at least 2 samples per prompt")
-    mp = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size * mt.context_parallel_size
+    ep = mt.expert_model_parallel_size
+    _check_positive(errors, "megatron_training.expert_model_parallel_size", ep)
+    tp_pp = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size
+    if ep > 1 and rl.actor_resource.num_npus % (tp_pp * ep):
+        errors.append(
+            f"megatron_training.expert_model_parallel_size: {ep} expert-parallel ranks x tensor_model_parallel_size x "
+            f"pipeline_model_parallel_size = {tp_pp * ep} does not divide rl_config.actor_resource.num_npus {rl.actor_resource.num_npus}"
+        )
+    if ep > 1 and mt.save:
+        errors.append("megatron_training.save: checkpoints with expert_model_parallel_size > 1 are not built yet "
+                      "(each expert-parallel rank holds other experts); use expert_model_parallel_size 1 or no save")
+    if ep > 1 and mt.context_parallel_size > 1:
+        errors.append("megatron_training.expert_model_parallel_size: cannot be > 1 with context_parallel_size > 1 yet (the two "
+                      "were built and tested apart); set one of them to 1")
+    mp = tp_pp * mt.context_parallel_size
     if mp > 0 and rl.actor_resource.num_npus % mp:
         errors.append(
             f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus} is not a multiple of "
@@ -726,6 +765,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _check_positive(errors, "reward_config.model_replicas", cfg.reward_config.model_replicas, allow_zero=True)
     if cfg.init_model is not None:
         _check_positive(errors, "init_model.reward_fit_steps", cfg.init_model.reward_fit_steps, allow_zero=True)
+        _validate_init_model_moe(cfg.init_model, errors)
     if cfg.reward_config.model_replicas > 0:
         if "reward_model" not in rl.verifier_function:
             errors.append(f"reward_config.model_replicas: {cfg.reward_config.model_replicas} reward-model replicas would have "

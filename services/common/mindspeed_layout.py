@@ -74,7 +74,7 @@ _GENERATE_NOTED: dict[str, tuple[tuple | None, str]] = {
     "offload_train_optimizer": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
     "offload_train_grad": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
     "offload_train_param": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
-    "infer_expert_parallel_size": ((1,), "rollout replicas serve dense models; expert-parallel inference is not built"),
+    "infer_expert_parallel_size": ((1,), "a rollout replica holds every expert; expert-parallel inference is not built"),
 }
 
 # Model-file keys checked against the checkpoint's config.json: (config.json key, how the value reads there).
@@ -89,6 +89,10 @@ _MODEL_CHECKED = {
     "rotary_base": ("rope_theta", float),
     "norm_epsilon": ("rms_norm_eps", float),
     "untie_embeddings_and_output_weights": ("tie_word_embeddings", lambda v: not v),
+    # Mixture-of-experts models (Qwen2-MoE / Qwen3-MoE: docs/moe.md)
+    "num_experts": ("num_experts", lambda v: v),
+    "moe_router_topk": ("num_experts_per_tok", lambda v: v),
+    "moe_ffn_hidden_size": ("moe_intermediate_size", lambda v: v),
 }
 # Model-file keys that must name what the trainer builds (value -> accepted values).
 _MODEL_FIXED = {

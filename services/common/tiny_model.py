@@ -1,4 +1,4 @@
-"""A tiny Qwen2-layout Hugging Face checkpoint and a byte-level tokenizer, built locally.
+"""A tiny Qwen2-layout (or Qwen2-MoE / Qwen3-MoE) Hugging Face checkpoint and a byte-level tokenizer, built locally.
 
 No weights can be downloaded on the machines this project targets, so tests and the demo build
 their model here, deterministically for a seed. head_dim = hidden_size / num_attention_heads must
@@ -41,15 +41,17 @@ def build_tokenizer(out_dir: pathlib.Path, chat_template: str) -> int:
 
 def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitModelConfig(), prompt_type: str = "qwen",
                      vocab_size: int = 0, reward: bool = False) -> pathlib.Path:
-    """Builds a randomly initialised Qwen2-layout model and its tokenizer under `out_dir`.
+    """Builds a randomly initialised model of `cfg.architecture` (Qwen2, Qwen2-MoE, Qwen3-MoE) and its tokenizer under `out_dir`.
 
     `vocab_size` (0: the tokenizer's, padded to 64) gives the embedding a real model's size, e.g.
     for benchmarks; ids past the tokenizer's are valid token ids without text. `reward` builds a
     reward model instead: Qwen2ForSequenceClassification with one label, a scalar head on the last
-    token (what vLLM's pooling runner and Hugging Face both read); `fit_reward_model` trains it.
+    token (what vLLM's pooling runner and Hugging Face both read), dense whatever `cfg.architecture`
+    says; `fit_reward_model` trains it.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+    import transformers
+    from transformers import Qwen2ForSequenceClassification
 
     head_dim, rem = divmod(cfg.hidden_size, cfg.num_attention_heads)
     if rem or head_dim not in SUPPORTED_CPU_HEAD_DIMS:
@@ -67,7 +69,9 @@ def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitMod
         raise ValueError(f"vocab_size: {vocab_size} is smaller than the tokenizer's {padded_vocab} tokens")
     padded_vocab = vocab_size or padded_vocab
     eos_id = 256  # the first special token follows the 256 byte tokens
-    config = Qwen2Config(
+    architecture = "qwen2" if reward else cfg.architecture
+    config = _hf_config(
+        cfg, architecture,
         vocab_size=padded_vocab,
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -85,13 +89,30 @@ def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitMod
         **({"num_labels": 1} if reward else {}),
     )
     torch.manual_seed(cfg.seed)
-    model = Qwen2ForSequenceClassification(config) if reward else Qwen2ForCausalLM(config)
+    model = Qwen2ForSequenceClassification(config) if reward else getattr(transformers, _CAUSAL_LM[architecture])(config)
     model.save_pretrained(str(out), safe_serialization=True)
     if reward:
         return out
     # <|im_end|> ends a chat turn, so generation stops at either special token.
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos_id, eos_id + 2], "pad_token_id": eos_id + 3}))
     return out
+
+
+_CAUSAL_LM = {"qwen2": "Qwen2ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+
+
+def _hf_config(cfg: InitModelConfig, architecture: str, **common):
+    """The transformers config of `architecture` with the shared fields `common` and cfg's MoE sizes."""
+    from transformers import Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig
+
+    if architecture == "qwen2":
+        return Qwen2Config(**common)
+    moe = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok, moe_intermediate_size=cfg.moe_intermediate_size,
+               decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
+    if architecture == "qwen2_moe":  # Qwen1.5-MoE's routing: top-k of the softmax, not renormalised
+        return Qwen2MoeConfig(**common, **moe, shared_expert_intermediate_size=cfg.shared_expert_intermediate_size, norm_topk_prob=False)
+    # Qwen3-MoE (Qwen3-30B-A3B's routing: top-k renormalised), head_dim explicit as in its configs
+    return Qwen3MoeConfig(**common, **moe, head_dim=cfg.hidden_size // cfg.num_attention_heads, norm_topk_prob=True)
 
 
 def reward_examples(spec: ArithmeticConfig = ArithmeticConfig()) -> list[tuple[str, float]]:

@@ -61,6 +61,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.group = None
         # of the last transfer: peak resident memory above the level at its start, and where its time went
         self.stats = {"peak_extra_bytes": 0, "wait_s": 0.0, "load_s": 0.0}
+        self.experts_reloaded = False  # the last receive_weights rewrote MoE experts: finish_weight_update re-packs them
 
     def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
         """Joins the trainer's group (blocks until every rank has); leaves a previous group first."""
@@ -80,10 +81,16 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
-        """Processes what is left (attention layers, anything not loaded) and puts the tensors back in place."""
+        """Processes what is left (attention layers, anything not loaded) and puts the tensors back in place;
+        re-packs reloaded MoE experts for the CPU kernel (services.rollout.moe_reload)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
+        from services.rollout.moe_reload import repack_cpu_moe_experts
+
         finalize_layerwise_reload(self.model, self.model_config)
+        if self.experts_reloaded:
+            repack_cpu_moe_experts(self.model)
+            self.experts_reloaded = False
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         """Receives the whole transfer. Unlike the base class, no accelerator sync: gloo's wait() is the end of a
@@ -102,6 +109,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
 
         if self.group is None:
             raise RuntimeError("weight transfer: this worker has not joined a weight group (JoinWeightGroup first)")
+        from services.rollout.moe_reload import reloads_routed_experts
+
         baseline = _reset_peak_rss()
         wait_s = load_s = 0.0
         with disable_mtp_completeness_check():
@@ -120,6 +129,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                 _trim_heap()
                 wait_s += received - start
                 load_s += time.perf_counter() - received
+        # Set only once every bucket is in: a partial push must not be repacked.
+        self.experts_reloaded = reloads_routed_experts(name for _, tensors in update_info.buckets for name, *_ in tensors)
         self.stats = {"peak_extra_bytes": _peak_rss() - baseline, "wait_s": wait_s, "load_s": load_s}
 
     def shutdown(self) -> None:

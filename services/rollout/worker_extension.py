@@ -4,7 +4,8 @@ vLLM mixes this class into its worker (`worker_extension_cls`), so `self.model_r
 worker's model runner. Buckets arrive through `collective_rpc` as raw bytes plus metadata
 (tensors would arrive as lists); they are kept as tensors until `commit_staged`, which hands all
 of them to `model_runner.reload_weights` at once: vLLM fuses q/k/v and gate/up projections and
-re-packs CPU GEMM weights after loading, so a fused layer must see all of its parts in one reload.
+re-packs CPU GEMM weights after loading, so a fused layer must see all of its parts in one reload
+(and MoE experts on the CPU are re-packed here: services.rollout.moe_reload).
 
 vLLM imports this module in each worker process before the model loads, which is where its
 weight-transfer factory must know the collective path's gloo backend: importing registers it.
@@ -40,8 +41,12 @@ class WeightStagingExtension:
 
     def commit_staged(self) -> int:
         """Loads every staged tensor into the model in place; returns how many were loaded."""
+        from services.rollout.moe_reload import reloads_routed_experts, repack_cpu_moe_experts
+
         staged = self.__dict__.pop("_dockrl_staged", [])
         self.model_runner.reload_weights(weights_iterator=iter(staged))
+        if reloads_routed_experts(name for name, _ in staged):
+            repack_cpu_moe_experts(self.model_runner.model)
         return len(staged)
 
     def discard_staged(self) -> int:

@@ -141,6 +141,22 @@ def test_config_is_frozen():
      r"rl_config\.init_kl_coef: the adaptive KL controller scales the coefficient, so it needs one > 0"),
     ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "adaptive", "kl_target": 0}}, r"rl_config\.kl_target: must be > 0"),
     ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "adaptive", "kl_horizon": 0}}, r"rl_config\.kl_horizon: must be >= 1"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 2}}, "megatron_training": {"expert_model_parallel_size": 4}},
+     r"megatron_training\.expert_model_parallel_size: 4 expert-parallel ranks x tensor_model_parallel_size x "
+     r"pipeline_model_parallel_size = 4 does not divide rl_config\.actor_resource\.num_npus 2"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"expert_model_parallel_size": 0}},
+     r"megatron_training\.expert_model_parallel_size: must be > 0, got 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 2}},
+      "megatron_training": {"expert_model_parallel_size": 2, "save": "ckpt"}},
+     r"megatron_training\.save: checkpoints with expert_model_parallel_size > 1 are not built yet"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"architecture": "mixtral"}},
+     r"init_model\.architecture: 'mixtral' is not one of qwen2, qwen2_moe, qwen3_moe"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"num_experts": 8}},
+     r"init_model\.num_experts: 8 has no effect on architecture 'qwen2'; remove it"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"architecture": "qwen3_moe", "shared_expert_intermediate_size": 64}},
+     r"init_model\.shared_expert_intermediate_size: 64 has no effect on architecture 'qwen3_moe'"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"architecture": "qwen2_moe", "num_experts_per_tok": 5}},
+     r"init_model\.num_experts_per_tok: 5 is more than num_experts 4"),
 ])
 def test_bad_config_names_the_key(data, match):
     with pytest.raises(ConfigError, match=match):

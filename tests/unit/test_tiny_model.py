@@ -33,3 +33,16 @@ def test_tiny_model_loads_and_is_deterministic(tmp_path, tiny_model_dir):
 def test_unsupported_head_dim_refused(tmp_path):
     with pytest.raises(ValueError, match="head_dim 16"):
         build_tiny_model(tmp_path / "m", InitModelConfig(hidden_size=64, num_attention_heads=4))
+
+
+@pytest.mark.parametrize("architecture,hf_name", [("qwen2_moe", "Qwen2MoeForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")])
+def test_init_model_builds_a_tiny_moe_model(tmp_path, architecture, hf_name):
+    from transformers import AutoModelForCausalLM
+
+    from services.cli import main
+
+    assert main(["init-model", "--out", str(tmp_path / "m"), "--set", f"init_model.architecture={architecture}"]) == 0
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["architectures"] == [hf_name] and cfg["num_experts_per_tok"] == 2
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert model.config.num_experts == 4 and torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()

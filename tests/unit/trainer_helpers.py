@@ -10,15 +10,15 @@ from services.common.tiny_model import build_tiny_model
 from services.trainer.modeling.logprobs import ResponseBatch
 
 
-def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed: int = 0) -> pathlib.Path:
-    """The foundation's tiny Qwen2 model with its weights redrawn larger (std 0.1, norms around 1).
+def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed: int = 0, architecture: str = "qwen2") -> pathlib.Path:
+    """The foundation's tiny Qwen2 (or Qwen MoE) model with its weights redrawn larger (std 0.1, norms around 1).
 
     The default init (std 0.02) gives near-uniform logits, where a wrong head order or a
     swapped gate/up could hide under the 1e-5 tolerance; these weights make every mapping show.
     """
     from safetensors.torch import load_file, save_file
 
-    path = build_tiny_model(out_dir, InitModelConfig(tie_word_embeddings=tie_word_embeddings, seed=seed))
+    path = build_tiny_model(out_dir, InitModelConfig(tie_word_embeddings=tie_word_embeddings, seed=seed, architecture=architecture))
     weights = path / "model.safetensors"
     gen = torch.Generator().manual_seed(seed + 1)
     state = load_file(str(weights))
@@ -38,7 +38,7 @@ def random_batch(seed: int, prompt_lengths: list[int], response_lengths: list[in
 
 
 def megatron_tp1(hf_dir: pathlib.Path):
-    """This process's TP=1 megatron model loaded from `hf_dir` (initialises parallel state once per process)."""
+    """This process's one-rank megatron model loaded from `hf_dir` (initialises parallel state once per process)."""
     from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
     from services.trainer.modeling.model import ModelLayout, build_model, init_parallel
 

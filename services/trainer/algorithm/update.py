@@ -7,6 +7,8 @@ When one mini-batch covers the batch for one epoch the old policy is the current
 old-logprob forward pass is skipped and the detached current log-probs stand in for it; the
 log-probs of that step's own forward pass are then the policy's before the update, which the
 caller gets back for its checks (train_rollout_logprob_diff) without a pass of its own.
+A mixture-of-experts model's load-balancing loss is weighted per micro-batch as the policy loss
+is (services.trainer.modeling.moe_aux_loss) and reported as `moe_aux_loss`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from services.trainer.algorithm.kl import kl_penalty
+from services.trainer.modeling import moe_aux_loss
 from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches, run_micro_batches
 from services.trainer.algorithm.losses import PolicyLossConfig, policy_loss
 from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
@@ -70,9 +73,10 @@ class UpdateMetrics:
     lr: float
     optimizer_steps: int
     old_logprob_pass: bool  # False when the pass was skipped (one mini-batch, one epoch)
+    moe_aux_loss: float | None = None  # MoE: the routers' load-balancing loss (router_aux_loss_coef x its sum over layers), minimised beside `loss`; None: dense
 
     def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in asdict(self).items()}
+        return {k: float(v) for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,11 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
     # Without old log-probs there is one step over every sample: its forward pass fills these.
     start_logprobs = old_logprobs.float().cpu() if old_logprobs is not None else torch.zeros(samples.size, samples.max_response_length)
     model.train()
-    loss_totals = torch.zeros(len(LOSS_METRICS))  # filled on the last pipeline stage, where losses are computed
+    moe = bool(model.config.num_moe_experts)
+    if moe:
+        moe_aux_loss.take(0.0)  # drop what other models' passes (the critic's) left in megatron's tracker
+    # LOSS_METRICS, then the MoE load-balancing loss; filled on the last pipeline stage, where losses are computed
+    loss_totals = torch.zeros(len(LOSS_METRICS) + 1)
     grad_norm = lr = 0.0
     steps = 0
     for epoch in range(cfg.epochs):
@@ -139,7 +147,10 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
                                   entropy=entropy, kl=kl, behaviour_logprob=behaviour)
                 # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
                 weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level else len(index) / len(mini)
-                loss_totals.add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * float(weight))
+                loss_totals[:-1].add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * float(weight))
+                if moe:
+                    loss_totals[-1] += moe_aux_loss.take(model.config.moe_aux_loss_coeff) * float(weight)
+                    moe_aux_loss.set_weight(float(weight) * optimizer.loss_scale)
                 return out.loss * weight * optimizer.loss_scale
 
             results = run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
@@ -154,8 +165,9 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
     broadcast_from_last_stage(loss_totals)
     if old_logprobs is None:
         sum_over_data_parallel(start_logprobs)  # each rank filled its own rows
-    means = dict(zip(LOSS_METRICS, (loss_totals / steps).tolist()))
-    metrics = UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass)
+    means = dict(zip(LOSS_METRICS, (loss_totals[:-1] / steps).tolist()))
+    metrics = UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass,
+                            moe_aux_loss=float(loss_totals[-1]) / steps if moe else None)
     return UpdateResult(metrics, start_logprobs)
 
 

@@ -103,7 +103,7 @@ class TrainerSession:
         if mt.npu_deterministic:
             enable_determinism(mt.seed)
         init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed,
-                      cp=mt.context_parallel_size)
+                      cp=mt.context_parallel_size, ep=mt.expert_model_parallel_size)
         _, world = _world()
         if world != rl.actor_resource.num_npus:
             raise ValueError(f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus}, but the trainer runs as {world} "
@@ -216,10 +216,15 @@ class TrainerSession:
 
     def gather_weights(self) -> dict[str, torch.Tensor]:
         """The policy in HF names (a collective over the TP and PP ranks of data-parallel rank 0, which holds
-        rank 0, the one that pushes); empty on the other data-parallel ranks, whose copy is the same."""
-        if data_parallel_rank_size()[0] != 0:
+        rank 0, the one that pushes); empty on the other data-parallel ranks, whose copy is the same. With expert
+        parallel every rank takes part: the experts are split over data-parallel ranks."""
+        from megatron.core import parallel_state
+
+        first = data_parallel_rank_size()[0] == 0
+        if not first and parallel_state.get_expert_model_parallel_world_size() == 1:
             return {}
-        return gather_hf_weights(self.model, self.layout)
+        weights = gather_hf_weights(self.model, self.layout)
+        return weights if first else {}
 
     def _train_state(self) -> TrainState:
         epoch, index = divmod(self.prompt_cursor, self.num_prompts)

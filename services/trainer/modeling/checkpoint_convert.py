@@ -4,6 +4,13 @@ Megatron fuses q/k/v into one `linear_qkv` laid out per query group ([q heads of
 for each of the num_key_value_heads groups), and gate/up into one SwiGLU `linear_fc1` ([gate; up]
 on every TP rank). Column-parallel weights split along dim 0, row-parallel ones along dim 1.
 The same mapping converts gradients (tests compare TP=1 and TP=2 gradients through it).
+
+Mixture-of-experts layers (Qwen2-MoE, Qwen3-MoE): every routed expert and the shared expert is a
+SwiGLU MLP mapped as the dense one (`mlp.experts.{e}.*` <-> `mlp.experts.local_experts.{e}.*`,
+`mlp.shared_expert.*` <-> `mlp.shared_experts.*`, each split over TP); the router
+(`mlp.gate` <-> `mlp.router`), the shared expert's sigmoid gate and Qwen3's q/k norms are
+replicated. Shards here hold every expert, numbered globally; `expert_parallel_part` keeps one
+expert-parallel rank's experts, renumbered locally as megatron's SequentialMLP names them.
 """
 from __future__ import annotations
 
@@ -24,8 +31,32 @@ HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
 # Per-layer tensors that are the same on every TP rank, and tensors split along dim 1 (row parallel).
 _LAYER_REPLICATED = {"input_layernorm.weight": "input_layernorm.weight",
                      "post_attention_layernorm.weight": "pre_mlp_layernorm.weight"}
-_LAYER_ROW_PARALLEL = {"self_attn.o_proj.weight": "self_attention.linear_proj.weight",
-                       "mlp.down_proj.weight": "mlp.linear_fc2.weight"}
+_LAYER_ROW_PARALLEL = {"self_attn.o_proj.weight": "self_attention.linear_proj.weight"}
+_QK_NORMS = {"self_attn.q_norm.weight": "self_attention.q_layernorm.weight",
+             "self_attn.k_norm.weight": "self_attention.k_layernorm.weight"}
+_MOE_REPLICATED = {"mlp.gate.weight": "mlp.router.weight"}
+_SHARED_EXPERT_GATE = {"mlp.shared_expert_gate.weight": "mlp.shared_experts.gate_weight"}
+_EXPERTS = "mlp.experts.local_experts."
+
+
+def _replicated(layout: ModelLayout) -> dict[str, str]:
+    """Per-layer HF -> megatron names of the tensors every TP rank holds whole."""
+    names = dict(_LAYER_REPLICATED)
+    if layout.qk_layernorm:
+        names.update(_QK_NORMS)
+    if layout.is_moe:
+        names.update(_MOE_REPLICATED)
+    if layout.shared_expert_ffn_hidden_size:
+        names.update(_SHARED_EXPERT_GATE)
+    return names
+
+
+def _mlps(layout: ModelLayout) -> list[tuple[str, str]]:
+    """(HF prefix, megatron prefix) of each SwiGLU MLP in a layer: the dense one, or every expert and the shared one."""
+    if not layout.is_moe:
+        return [("mlp.", "mlp.")]
+    mlps = [(f"mlp.experts.{e}.", f"{_EXPERTS}{e}.") for e in range(layout.num_experts)]
+    return mlps + ([("mlp.shared_expert.", "mlp.shared_experts.")] if layout.shared_expert_ffn_hidden_size else [])
 
 
 def shard_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
@@ -69,16 +100,18 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: ModelLayout, tp: int 
             src, dst = f"model.layers.{i}.", f"decoder.layers.{local}."
             qkv = {kind: _fuse_qkv(*(hf[f"{src}self_attn.{x}_proj.{kind}"] for x in "qkv"), layout, tp)
                    for kind in (("weight", "bias") if layout.qkv_bias else ("weight",))}
-            gate = hf[f"{src}mlp.gate_proj.weight"].chunk(tp, dim=0)
-            up = hf[f"{src}mlp.up_proj.weight"].chunk(tp, dim=0)
             for t in range(tp):
                 shard = out[(p, t)]
                 for kind, parts in qkv.items():
                     shard[f"{dst}self_attention.linear_qkv.{kind}"] = parts[t].clone()
-                shard[f"{dst}mlp.linear_fc1.weight"] = torch.cat([gate[t], up[t]], dim=0)
+                for hf_mlp, mg_mlp in _mlps(layout):
+                    gate = hf[f"{src}{hf_mlp}gate_proj.weight"].chunk(tp, dim=0)[t]
+                    up = hf[f"{src}{hf_mlp}up_proj.weight"].chunk(tp, dim=0)[t]
+                    shard[f"{dst}{mg_mlp}linear_fc1.weight"] = torch.cat([gate, up], dim=0)
+                    shard[f"{dst}{mg_mlp}linear_fc2.weight"] = hf[f"{src}{hf_mlp}down_proj.weight"].chunk(tp, dim=1)[t].clone()
                 for hf_name, mg_name in _LAYER_ROW_PARALLEL.items():
                     shard[dst + mg_name] = hf[src + hf_name].chunk(tp, dim=1)[t].clone()
-                for hf_name, mg_name in _LAYER_REPLICATED.items():
+                for hf_name, mg_name in _replicated(layout).items():
                     shard[dst + mg_name] = hf[src + hf_name].clone()
         for t in range(tp):
             if p == 0:
@@ -106,17 +139,61 @@ def megatron_to_hf(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], layout
             for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
                 q, k, v = _split_qkv([shards[(p, t)][f"{src}self_attention.linear_qkv.{kind}"] for t in range(tp)], layout)
                 hf.update({f"{dst}self_attn.q_proj.{kind}": q, f"{dst}self_attn.k_proj.{kind}": k, f"{dst}self_attn.v_proj.{kind}": v})
-            gate_up = [shards[(p, t)][f"{src}mlp.linear_fc1.weight"].chunk(2, dim=0) for t in range(tp)]
-            hf[f"{dst}mlp.gate_proj.weight"] = torch.cat([g for g, _ in gate_up], dim=0)
-            hf[f"{dst}mlp.up_proj.weight"] = torch.cat([u for _, u in gate_up], dim=0)
+            for hf_mlp, mg_mlp in _mlps(layout):
+                gate_up = [shards[(p, t)][f"{src}{mg_mlp}linear_fc1.weight"].chunk(2, dim=0) for t in range(tp)]
+                hf[f"{dst}{hf_mlp}gate_proj.weight"] = torch.cat([g for g, _ in gate_up], dim=0)
+                hf[f"{dst}{hf_mlp}up_proj.weight"] = torch.cat([u for _, u in gate_up], dim=0)
+                hf[f"{dst}{hf_mlp}down_proj.weight"] = gather(p, f"{src}{mg_mlp}linear_fc2.weight", 1)
             for hf_name, mg_name in _LAYER_ROW_PARALLEL.items():
                 hf[dst + hf_name] = gather(p, src + mg_name, 1)
-            for hf_name, mg_name in _LAYER_REPLICATED.items():
+            for hf_name, mg_name in _replicated(layout).items():
                 hf[dst + hf_name] = shards[(p, 0)][src + mg_name]
     hf["model.norm.weight"] = shards[(pp - 1, 0)]["decoder.final_layernorm.weight"]
     if not layout.tie_word_embeddings:
         hf["lm_head.weight"] = gather(pp - 1, "output_layer.weight", 0)
     return hf
+
+
+def _expert_index(name: str) -> tuple[str, int, str] | None:
+    """(prefix, expert number, rest) of a routed expert's megatron name, else None."""
+    head, sep, tail = name.partition(_EXPERTS)
+    if not sep:
+        return None
+    number, _, rest = tail.partition(".")
+    return head + sep, int(number), rest
+
+
+def is_expert_tensor(name: str) -> bool:
+    """Whether a megatron name is a routed expert's (split over expert-parallel ranks)."""
+    return _EXPERTS in name
+
+
+def expert_parallel_part(shard: Mapping[str, torch.Tensor], layout: ModelLayout, ep: int, ep_rank: int) -> dict[str, torch.Tensor]:
+    """Of a shard holding every expert, what expert-parallel rank `ep_rank` of `ep` holds: its num_experts / ep
+    consecutive experts, renumbered from 0 (megatron's local expert names), and every other tensor."""
+    local = layout.num_experts // ep
+    part = {}
+    for name, tensor in shard.items():
+        expert = _expert_index(name)
+        if expert is None:
+            part[name] = tensor
+        elif ep_rank * local <= expert[1] < (ep_rank + 1) * local:
+            part[f"{expert[0]}{expert[1] - ep_rank * local}.{expert[2]}"] = tensor
+    return part
+
+
+def merge_expert_parallel(parts: list[Mapping[str, torch.Tensor]], layout: ModelLayout) -> dict[str, torch.Tensor]:
+    """Inverse of expert_parallel_part: the EP ranks' parts (in rank order) -> one shard with every expert, numbered globally."""
+    local = layout.num_experts // len(parts)
+    merged: dict[str, torch.Tensor] = {}
+    for ep_rank, part in enumerate(parts):
+        for name, tensor in part.items():
+            expert = _expert_index(name)
+            if expert is None:
+                merged.setdefault(name, tensor)  # the same on every EP rank
+            else:
+                merged[f"{expert[0]}{expert[1] + ep_rank * local}.{expert[2]}"] = tensor
+    return merged
 
 
 def load_hf_state(hf_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
@@ -225,4 +302,8 @@ def load_hf_into_model(model, hf: Mapping[str, torch.Tensor], layout: ModelLayou
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     key = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
-    load_shard(model, hf_to_megatron(hf, layout, tp, pp)[key])
+    shard = hf_to_megatron(hf, layout, tp, pp)[key]
+    if layout.is_moe:
+        shard = expert_parallel_part(shard, layout, parallel_state.get_expert_model_parallel_world_size(),
+                                     parallel_state.get_expert_model_parallel_rank())
+    load_shard(model, shard)

@@ -3,9 +3,10 @@
 megatron-core 0.16 assumes CUDA where it matters for training on CPU: it asks
 `torch.cuda.current_device()` for the device of buffers it creates; its optimizers, gradient
 clipping and data-parallel wrapper make tensors with `device="cuda"`, call `.cuda()` and check
-`param.type()` against `torch.cuda.FloatTensor`; and its local core attention relies on fused CUDA
-softmax kernels. `apply_cpu_shims()` answers "cpu" for the first and makes `synchronize` /
-`empty_cache` harmless; `megatron_on_cpu()` is a torch function mode that maps the `cuda` device to
+`param.type()` against `torch.cuda.FloatTensor`; its MoE all-to-all token dispatcher copies routing
+counts to the host on a side `torch.cuda.Stream`; and its local core attention relies on fused CUDA
+softmax kernels. `apply_cpu_shims()` answers "cpu" for the first, makes `synchronize` /
+`empty_cache` harmless and gives the dispatcher a stream that runs everything in order; `megatron_on_cpu()` is a torch function mode that maps the `cuda` device to
 the CPU around calls into megatron's optimizer, DDP and pipeline schedule (it is not on during a
 model's forward and backward outside a schedule, where every torch call would pay its Python hook).
 Under context parallel megatron's rotary embedding picks a CP rank's positions with a pinned index
@@ -45,8 +46,44 @@ def apply_cpu_shims() -> bool:
         torch.cuda.synchronize = lambda *args, **kwargs: None
         torch.cuda.empty_cache = lambda: None
         _shim_rope_context_parallel()
+        # The MoE dispatcher's device-to-host side stream: on the CPU every copy is already done in order.
+        torch.cuda.Stream = _InOrderStream
+        torch.cuda.current_stream = lambda *args, **kwargs: _MAIN_STREAM
+        torch.cuda.stream = lambda stream: contextlib.nullcontext()
         _applied = True
     return True
+
+
+class _InOrderStream:
+    """A stream on the CPU, where work runs in program order: waiting on one or on its events returns at once."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def record_event(self) -> "_InOrderStream":
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+
+_MAIN_STREAM = _InOrderStream()
+
+def apply_moe_cpu_shims() -> None:
+    """Makes megatron's MoE all-to-all dispatcher take its split sizes as numbers on the CPU; idempotent.
+
+    The dispatcher turns its per-rank token counts into numpy split sizes only while copying them
+    off a CUDA device; on the CPU they stay tensors, which gloo's all_to_all_single refuses.
+    """
+    if accelerator_present():
+        return
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    def to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        tensor = moe_utils.maybe_move_tensor_to_cpu(tensor, as_numpy, record_stream)
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
 
 
 _CUDA_TYPE_NAMES = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",

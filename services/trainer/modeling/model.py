@@ -1,8 +1,10 @@
 """The trainer's model: megatron-core GPTModel built from a Hugging Face config.json.
 
 Covers the Qwen2 / Qwen2.5 / Llama layouts (RMSNorm, SwiGLU, grouped-query attention, RoPE,
-optional QKV bias, tied or untied embeddings). Tensor and pipeline parallel groups come from
-megatron-core's parallel_state over torch.distributed: gloo on CPU, NCCL on CUDA, HCCL on NPU.
+optional QKV bias, tied or untied embeddings) and the Qwen2-MoE / Qwen3-MoE mixture-of-experts
+layouts (megatron-core's MoE layer: top-k softmax router, per-expert SwiGLU MLPs, Qwen2-MoE's
+sigmoid-gated shared expert, Qwen3's q/k RMSNorm). Tensor, pipeline and expert parallel groups
+come from megatron-core's parallel_state over torch.distributed: gloo on CPU, NCCL on CUDA, HCCL on NPU.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,17 @@ class ModelLayout:
     max_position_embeddings: int
     qkv_bias: bool
     tie_word_embeddings: bool
+    qk_layernorm: bool = False  # RMSNorm on each head's query and key before RoPE (Qwen3)
+    num_experts: int = 0  # routed experts per MoE layer; 0: a dense model
+    moe_topk: int = 0  # experts each token is routed to (num_experts_per_tok)
+    moe_ffn_hidden_size: int = 0  # each routed expert's SwiGLU width (moe_intermediate_size)
+    shared_expert_ffn_hidden_size: int = 0  # Qwen2-MoE's shared expert width, gated by a sigmoid; 0: none
+    norm_topk_prob: bool = False  # renormalise the top-k routing probabilities to sum to 1
+    router_aux_loss_coef: float = 0.0  # load-balancing loss coefficient
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_hf_dir(cls, hf_dir: str | pathlib.Path) -> "ModelLayout":
@@ -52,6 +66,7 @@ class ModelLayout:
             raise ValueError("config.json use_sliding_window: sliding-window attention is not supported")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json hidden_act: {cfg['hidden_act']!r} is not supported (SwiGLU with silu only)")
+        moe = _moe_fields(cfg, arch) if arch in MOE_ARCHITECTURES else {}
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -64,15 +79,24 @@ class ModelLayout:
             rms_norm_eps=cfg["rms_norm_eps"],
             rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)),
             max_position_embeddings=cfg["max_position_embeddings"],
-            # Qwen2 always has q/k/v biases; Llama only with attention_bias.
-            qkv_bias=arch == "Qwen2ForCausalLM" or bool(cfg.get("attention_bias", False)),
+            # Qwen2 always has q/k/v biases, Qwen2-MoE unless qkv_bias is false; Llama and Qwen3-MoE only with attention_bias.
+            qkv_bias=(arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and cfg.get("qkv_bias", True))
+                      or bool(cfg.get("attention_bias", False))),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qk_layernorm=arch == "Qwen3MoeForCausalLM",
+            **moe,
         )
 
-    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo") -> None:
-        """Raises ValueError naming the key when the model cannot be split tp x pp (x cp) ways."""
-        for what, size in [("num_key_value_heads", self.num_key_value_heads), ("num_attention_heads", self.num_attention_heads),
-                           ("vocab_size", self.vocab_size), ("intermediate_size", self.ffn_hidden_size)]:
+    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo", ep: int = 1) -> None:
+        """Raises ValueError naming the key when the model cannot be split tp x pp (x cp) ways, its experts ep ways."""
+        widths = [("num_key_value_heads", self.num_key_value_heads), ("num_attention_heads", self.num_attention_heads),
+                  ("vocab_size", self.vocab_size)]
+        if self.is_moe:
+            widths += [("moe_intermediate_size", self.moe_ffn_hidden_size)]
+            widths += [("shared_expert_intermediate_size", self.shared_expert_ffn_hidden_size)] if self.shared_expert_ffn_hidden_size else []
+        else:
+            widths += [("intermediate_size", self.ffn_hidden_size)]
+        for what, size in widths:
             if size % tp:
                 raise ValueError(f"megatron_training.tensor_model_parallel_size: {tp} does not divide the model's {what} {size}")
         if self.num_layers % pp:
@@ -81,6 +105,32 @@ class ModelLayout:
             raise ValueError(f"megatron_training.context_parallel_size: {cp} does not divide the {self.num_attention_heads // tp} "
                              f"attention heads of a tensor-parallel rank (num_attention_heads {self.num_attention_heads} / TP {tp}); "
                              "ulysses_cp_algo splits them over the CP ranks (megatron_cp_algo does not)")
+        if self.is_moe and pp > 1:
+            # megatron's 1F1B schedule rescales the router's load-balancing loss by its own micro-batch count, not by our loss weights.
+            raise ValueError("megatron_training.pipeline_model_parallel_size: pipeline parallel with a mixture-of-experts model is not built yet (use 1)")
+        if ep > 1 and not self.is_moe:
+            raise ValueError(f"megatron_training.expert_model_parallel_size: {ep} needs a mixture-of-experts model ({self.architecture} has no experts)")
+        if self.is_moe and self.num_experts % ep:
+            raise ValueError(f"megatron_training.expert_model_parallel_size: {ep} does not divide the model's num_experts {self.num_experts}")
+
+
+def _moe_fields(cfg: dict, arch: str) -> dict:
+    """ModelLayout's MoE fields from a Qwen2-MoE / Qwen3-MoE config.json; refuses layouts build_model does not make."""
+    # Every layer is an MoE layer here: dense layers between them would be a per-layer MLP kind this converter does not map.
+    if cfg.get("decoder_sparse_step", 1) != 1:
+        raise ValueError(f"config.json decoder_sparse_step: {cfg['decoder_sparse_step']!r} is not supported (only 1: every layer MoE)")
+    if cfg.get("mlp_only_layers"):
+        raise ValueError(f"config.json mlp_only_layers: {cfg['mlp_only_layers']!r} is not supported (dense layers in an MoE model)")
+    shared = (cfg.get("shared_expert_intermediate_size") or 0) if arch == "Qwen2MoeForCausalLM" else 0
+    return dict(
+        # transformers 5 writes Qwen3-MoE's expert count as num_local_experts.
+        num_experts=cfg.get("num_experts") or cfg["num_local_experts"],
+        moe_topk=cfg["num_experts_per_tok"],
+        moe_ffn_hidden_size=cfg["moe_intermediate_size"],
+        shared_expert_ffn_hidden_size=shared,
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(cfg.get("router_aux_loss_coef", 0.0)),
+    )
 
 
 def _free_port() -> int:
@@ -122,8 +172,10 @@ def default_backend() -> str:
     return "gloo"
 
 
-def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234, cp: int = 1) -> None:
+def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234, cp: int = 1, ep: int = 1) -> None:
     """Initialises torch.distributed (from torchrun's env, or a single local process) and megatron's groups.
+
+    `ep` splits each MoE layer's experts over that many ranks, carved out of the data-parallel ones.
 
     Applies the CPU shims when there is no accelerator. Safe to call twice with the same sizes.
     """
@@ -146,15 +198,19 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
         else:
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
-        if (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
-                parallel_state.get_context_parallel_world_size()) != (tp, pp, cp):
-            raise RuntimeError("init_parallel: already initialised with other tensor/pipeline/context parallel sizes")
+        sizes = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
+                 parallel_state.get_context_parallel_world_size(), parallel_state.get_expert_model_parallel_world_size())
+        if sizes != (tp, pp, cp, ep):
+            raise RuntimeError("init_parallel: already initialised with other tensor/pipeline/context/expert parallel sizes")
         return
     if dist.get_world_size() % (tp * pp * cp):
         raise ValueError(f"megatron_training: world size {dist.get_world_size()} is not a multiple of TP {tp} x PP {pp} x CP {cp}")
+    if dist.get_world_size() % (tp * pp * ep):
+        raise ValueError(f"megatron_training.expert_model_parallel_size: world size {dist.get_world_size()} is not a multiple of "
+                         f"TP {tp} x PP {pp} x EP {ep}")
     # Data-parallel groups leave the CP ranks out (they hold the same samples); gradients are reduced over DP x CP.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             context_parallel_size=cp)
+                                             context_parallel_size=cp, expert_model_parallel_size=ep)
     torch.manual_seed(seed)
     if not on_cpu:
         from megatron.core import tensor_parallel
@@ -173,7 +229,7 @@ def destroy_parallel() -> None:
 
 
 def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32, cp: int = 1,
-                       cp_algo: str = "megatron_cp_algo"):
+                       cp_algo: str = "megatron_cp_algo", ep: int = 1):
     """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU).
 
     `cp_algo` (MindSpeed-RL's context_parallel_algo) becomes megatron's cp_comm_type, which the core attention reads.
@@ -202,6 +258,9 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         pipeline_model_parallel_size=pp,
         context_parallel_size=cp,
         cp_comm_type=CP_ALGOS[cp_algo] if cp > 1 else None,
+        expert_model_parallel_size=ep,
+        qk_layernorm=layout.qk_layernorm,
+        **(_moe_config(layout) if layout.is_moe else {}),
         params_dtype=dtype,
         pipeline_dtype=dtype,
         variable_seq_lengths=pp > 1,  # micro-batches differ in length: the 1F1B schedule sends each tensor's shape first
@@ -218,6 +277,23 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
     )
 
 
+def _moe_config(layout: ModelLayout) -> dict:
+    """TransformerConfig's MoE fields: Hugging Face's routing is softmax over all experts, top-k, then renormalised
+    when norm_topk_prob; megatron's softmax over the top-k logits is that renormalised form, its pre-softmax the other."""
+    return dict(
+        num_moe_experts=layout.num_experts,
+        moe_router_topk=layout.moe_topk,
+        moe_ffn_hidden_size=layout.moe_ffn_hidden_size,
+        moe_router_pre_softmax=not layout.norm_topk_prob,
+        moe_router_score_function="softmax",
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=layout.router_aux_loss_coef,
+        moe_shared_expert_intermediate_size=layout.shared_expert_ffn_hidden_size or None,
+        moe_shared_expert_gate=bool(layout.shared_expert_ffn_hidden_size),
+        moe_grouped_gemm=False,  # SequentialMLP: one plain MLP per local expert (grouped GEMM needs CUDA kernels)
+    )
+
+
 def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo: str = "megatron_cp_algo"):
     """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice.
 
@@ -229,19 +305,28 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     from services.trainer.modeling.attention import SDPACoreAttention
-    from services.trainer.modeling.cpu_shims import accelerator_present
+    from services.trainer.modeling.cpu_shims import accelerator_present, apply_moe_cpu_shims
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     cp = parallel_state.get_context_parallel_world_size()
-    layout.check_parallel(tp, pp, cp, cp_algo)
+    ep = parallel_state.get_expert_model_parallel_world_size()
+    layout.check_parallel(tp, pp, cp, cp_algo, ep)
     if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
         # megatron-core syncs the two copies of a tied embedding with a .cuda() call at construction.
         raise ValueError("megatron_training.pipeline_model_parallel_size: tied embeddings with PP > 1 need an accelerator")
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if layout.is_moe:
+        from megatron.core.transformer.moe import moe_utils
+
+        if not moe_utils.HAVE_TE:
+            # megatron-core 0.16.1's router GEMM tests `te_general_gemm`, a name it defines only when Transformer Engine imports.
+            moe_utils.te_general_gemm = None
+        apply_moe_cpu_shims()
+    spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
+                                    qk_layernorm=layout.qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
     model = GPTModel(
-        transformer_config(layout, tp, pp, dtype, cp, cp_algo),
+        transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep),
         transformer_layer_spec=spec,
         vocab_size=layout.vocab_size,
         max_sequence_length=layout.max_position_embeddings,

@@ -1,0 +1,55 @@
+"""One rank of the expert-parallel test, started by torchrun: a GRPO update of a tiny MoE model with megatron-core's DDP
+and optimizer, its experts split over EP ranks (the data-parallel ranks, which also split the batch).
+
+Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP
+Each rank writes OUT_DIR/rank{r}.pt: the update's metrics (its loss, grad norm and the routers' load-balancing loss),
+the reduced gradients of the update's optimizer step and the weights after it, both gathered in HF names (experts
+over EP: what a weight push sends), and how many experts this rank holds per layer.
+"""
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from trainer_helpers import random_batch  # noqa: E402
+
+from services.common.config import MegatronTrainingConfig  # noqa: E402
+from services.trainer.algorithm.advantages import group_norm_advantages  # noqa: E402
+from services.trainer.algorithm.losses import PolicyLossConfig  # noqa: E402
+from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy  # noqa: E402
+from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
+from services.trainer.modeling.logprobs import ForwardConfig  # noqa: E402
+from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
+from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
+from services.trainer.weights.gather import gather_hf_tensors, gather_hf_weights  # noqa: E402
+
+N = 4  # samples per prompt: 8 samples are 2 groups
+REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
+# One mini-batch of every sample (the gradients compared are that step's), one sample per micro-batch: the load-balancing
+# loss is a function of a micro-batch's own tokens, so both splits must cut the batch into the same micro-batches.
+UPDATE = UpdateConfig(mini_batch_size=8, forward=ForwardConfig(micro_batch_size=1), loss=PolicyLossConfig(entropy_coeff=0.01))
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    hf_dir, out_dir, ep = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
+    init_parallel(1, 1, ep=ep)
+    layout = ModelLayout.from_hf_dir(hf_dir)
+    model = build_model(layout)
+    load_hf_into_model(model, load_hf_state(hf_dir), layout)
+    # The replicated optimizer all-reduces whole gradients, so every rank's buffer holds them after the step.
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, use_distributed_optimizer=False), total_steps=1)
+    samples = random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[4, 2, 3, 5, 1, 3, 4, 2])
+    metrics = update_policy(model, optimizer, TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask())), UPDATE)
+    grads = gather_hf_tensors({name: p.main_grad for name, p in model.named_parameters()}, layout)
+    experts = sum(1 for name, _ in model.named_parameters() if "layers.0.mlp.experts.local_experts." in name and "fc1" in name)
+    torch.save({"metrics": metrics.metrics.as_dict(), "grads": grads, "weights": gather_hf_weights(model, layout),
+                "local_experts": experts}, out_dir / f"rank{torch.distributed.get_rank()}.pt")
+    destroy_parallel()
+
+
+if __name__ == "__main__":
+    main()
