@@ -45,7 +45,7 @@ def test_logits_match_transformers(moe_dir):
 def test_round_trip_is_bit_identical(moe_dir, tp, ep):
     hf = load_hf_state(moe_dir)
     layout = ModelLayout.from_hf_dir(moe_dir)
-    layout.check_parallel(tp, 1, ep)
+    layout.check_parallel(tp, 1, ep=ep)
     shards = hf_to_megatron(hf, layout, tp, 1)
     parts = {t: [expert_parallel_part(shards[(0, t)], layout, ep, e) for e in range(ep)] for t in range(tp)}
     # Each EP rank holds num_experts / ep experts, numbered from 0 as megatron's SequentialMLP names them.
@@ -80,13 +80,13 @@ def test_experts_router_and_shared_expert_land_where_megatron_reads_them(moe_dir
 ])
 def test_splits_the_trainer_cannot_make_are_refused(moe_dir, tp, pp, ep, message):
     with pytest.raises(ValueError, match=message):
-        ModelLayout.from_hf_dir(moe_dir).check_parallel(tp, pp, ep)
+        ModelLayout.from_hf_dir(moe_dir).check_parallel(tp, pp, ep=ep)
 
 
 def test_expert_parallel_on_a_dense_model_is_refused(tmp_path):
     layout = ModelLayout.from_hf_dir(tiny_hf_model(tmp_path))
     with pytest.raises(ValueError, match="expert_model_parallel_size: 2 needs a mixture-of-experts model"):
-        layout.check_parallel(1, 1, 2)
+        layout.check_parallel(1, 1, ep=2)
 
 
 @pytest.mark.parametrize("change,message", [
