@@ -10,7 +10,8 @@ the version flips and generation resumes. FinishWeightTransfer answers with that
 The weights are written in place, so a receive that breaks mid-way (the trainer's group failed or
 stalled past its timeout) leaves a mix of two versions: the replica then keeps generation paused
 and its old version number, so no token comes from the mix, until a complete push (either path)
-lands. It also leaves the group; the trainer has it join again before its next push.
+lands; meanwhile new generation requests (gRPC, HTTP) answer UNAVAILABLE / 503 at once and the dock
+worker claims nothing. It also leaves the group; the trainer has it join again before its next push.
 """
 from __future__ import annotations
 
@@ -122,6 +123,9 @@ class CollectiveReceiver:
                     await llm.update_weights(WeightTransferUpdateRequest(update_info={"buckets": buckets}))
                 except Exception as exc:
                     self.joined = False  # the backend has left the broken group
+                    self.engine.weights_incomplete = (
+                        f"weights incomplete: the weight transfer of version {version} broke off mid-way, so this replica "
+                        f"generates nothing until the trainer's next complete push (it served version {self.engine.version})")
                     log_event(log, "collective transfer failed", level=logging.WARNING, version=version, error=str(exc)[:300])
                     raise Unavailable(f"weight transfer of version {version} broke off ({exc}); this replica holds generation "
                                       f"paused at version {self.engine.version} until a complete push") from None

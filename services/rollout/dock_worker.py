@@ -151,8 +151,9 @@ class DockWorker:
     def _claim(self):
         layout = self.dock.layout
         # Behind the trainer's version (joined late, or a push is on its way): samples would be
-        # off-policy, so wait for the weights; the trainer pushes to replicas that lag.
-        if self.engine.version < self.dock.policy_version() - self.cfg.rl_config.max_staleness:
+        # off-policy, so wait for the weights; the trainer pushes to replicas that lag. A model left a
+        # mix of versions by a broken transfer generates nothing until a complete push.
+        if self.engine.weights_incomplete or self.engine.version < self.dock.policy_version() - self.cfg.rl_config.max_staleness:
             time.sleep(CLAIM_WAIT_S)
             return None
         return self.dock.claim(

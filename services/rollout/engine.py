@@ -222,6 +222,9 @@ class RolloutEngine:
         self.version = 0
         self.replica_id = f"rollout-{uuid.uuid4().hex[:8]}"
         self.draining = False  # set on SIGTERM: the APIs refuse new requests, running ones go on
+        # Why generation is refused, while a collective transfer that broke off mid-way left the model a mix of
+        # two versions; empty once a complete push lands (set_version).
+        self.weights_incomplete = ""
         self.stopped = False  # set by abort_all at the drain's deadline: the engine takes nothing more
         self._running: set[str] = set()
         self._throughput = _Throughput()
@@ -304,6 +307,13 @@ class RolloutEngine:
         if self.draining:
             raise Unavailable("this replica is shutting down (draining); send the request to another replica")
 
+    def ensure_generating(self) -> None:
+        """Raises Unavailable while draining, or while the weights are a broken transfer's mix (until a complete push):
+        a request then fails at once instead of waiting for the trainer to come back."""
+        self.ensure_accepting()
+        if self.weights_incomplete:
+            raise Unavailable(self.weights_incomplete)
+
     def admit(self, slot: str) -> None:
         """Takes one slot of `rollout.max_queue` for `slot` (a request id); raises ResourceExhausted when none is free.
 
@@ -374,8 +384,9 @@ class RolloutEngine:
             return await self.llm.collective_rpc(method, args=args)
 
     def set_version(self, version: int) -> None:
-        """Serves `version` from here on: new tokens carry it."""
+        """Serves `version` from here on (a complete push landed): new tokens carry it."""
         self.version = version
+        self.weights_incomplete = ""
         POLICY_VERSION.set(version)
 
     async def commit_staged_weights(self, version: int) -> None:

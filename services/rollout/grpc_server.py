@@ -52,7 +52,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
         self.collective = collective
 
     def _open(self, request: rollout_pb2.GenerateRequest):
-        self.engine.ensure_accepting()
+        self.engine.ensure_generating()
         self.engine.check_model(request.model)
         kind = request.WhichOneof("prompt")
         if kind is None:

@@ -77,6 +77,10 @@ class ReplicaMiddleware:
                               "this replica is shutting down (draining); send the request to another replica", retry_after=True)
             await response(scope, receive, send)
             return
+        if generates and self.engine.weights_incomplete:
+            await _error(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError", self.engine.weights_incomplete,
+                         retry_after=True)(scope, receive, send)
+            return
 
         async def send_with_version(message: Message) -> None:
             if message["type"] == "http.response.start":
