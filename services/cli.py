@@ -89,12 +89,13 @@ def _cmd_data_preprocess(args: argparse.Namespace) -> int:
 def _cmd_config_check(args: argparse.Namespace) -> int:
     import yaml
 
-    from services.common.config import ConfigError, config_to_dict, load_config, read_config_file
+    from services.common.config import ConfigError, config_from_translation, config_to_dict, env_overrides, read_config_file
 
     try:
-        for change in read_config_file(args.config).changes:
+        translation = read_config_file(args.config)
+        for change in translation.changes:
             print(f"MindSpeed-RL layout: {change}")
-        cfg = load_config(args.config, args.overrides)
+        cfg = config_from_translation(translation, [*env_overrides(), *args.overrides])
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -111,13 +112,11 @@ def _cmd_config_import(args: argparse.Namespace) -> int:
 
     import yaml
 
-    from services.common.config import ConfigError, config_from_dict, read_config_file
+    from services.common.config import ConfigError, config_from_translation, read_config_file
 
     try:
         translation = read_config_file(args.file)
-        config_from_dict(translation.data)
-        if translation.errors:
-            raise ConfigError(translation.errors)
+        config_from_translation(translation)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

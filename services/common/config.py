@@ -12,6 +12,7 @@ import difflib
 import logging
 import os
 import pathlib
+import socket
 import types
 import typing
 from dataclasses import dataclass, field
@@ -343,6 +344,11 @@ def profiler_trace_root(cfg: Config, role: str) -> pathlib.Path:
     pc = getattr(cfg.profiler_config, role)
     root = pathlib.Path(pc.profile_save_path or pathlib.Path(cfg.trainer.log_dir) / "profiler")
     return root if role == "trainer" else root / role
+
+
+def process_trace_dir(cfg: Config, role: str) -> pathlib.Path:
+    """The directory of this process's `role` traces (rollout, reward: each replica writes in its own)."""
+    return (profiler_trace_root(cfg, role) / f"{socket.gethostname()}_{os.getpid()}").resolve()
 
 
 @dataclass(frozen=True)
@@ -886,11 +892,16 @@ def load_config(path: str | pathlib.Path | None = None, overrides: typing.Sequen
 
     Precedence: the file, then `DOCKRL__SECTION__KEY` environment variables, then `overrides`.
     """
-    translation = read_config_file(path)
+    return config_from_translation(read_config_file(path), [*env_overrides(), *overrides])
+
+
+def config_from_translation(translation: Translation, overrides: typing.Sequence[str] = ()) -> Config:
+    """Builds and validates the Config a read file (`read_config_file`) describes, logging each MindSpeed-RL
+    layout change; the translation's errors and the config's are reported together."""
     for change in translation.changes:
         log.info("MindSpeed-RL layout: %s", change)
     try:
-        cfg = config_from_dict(translation.data, [*env_overrides(), *overrides])
+        cfg = config_from_dict(translation.data, overrides)
     except ConfigError as exc:
         raise ConfigError([*translation.errors, *exc.errors]) from None
     if translation.errors:

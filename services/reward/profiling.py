@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import pathlib
-import socket
 
-from services.common.config import Config, ProfilerConfig, profiler_trace_root
+from services.common.config import Config, ProfilerConfig, process_trace_dir
 from services.common.log import log_event
 
 log = logging.getLogger("dockrl.reward")
@@ -32,7 +30,12 @@ class ScoringProfiler:
     @classmethod
     def from_config(cls, cfg: Config) -> "ScoringProfiler":
         """This worker's profiler: its traces under profiler_config.reward's save path, one directory per process."""
-        return cls(cfg.profiler_config.reward, profiler_trace_root(cfg, "reward") / f"{socket.gethostname()}_{os.getpid()}")
+        return cls(cfg.profiler_config.reward, process_trace_dir(cfg, "reward"))
+
+    @property
+    def enabled(self) -> bool:
+        """Whether profiler_config.reward profiles at all (else the worker asks no step)."""
+        return self.pc.profile
 
     def at_step(self, step: int) -> None:
         """Called with each claim, before its rows are scored, with the trainer iteration being scored for."""

@@ -18,8 +18,8 @@ lease expires and another replica of the same kind takes the rows.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
+import pathlib
 import threading
 import time
 import uuid
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from services.common.auth import resolve_token
-from services.common.config import Config
+from services.common.config import Config, ProfilerConfig
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from services.common.log import log_event
 from services.common.metrics import counter
@@ -90,7 +90,7 @@ class RewardWorker:
         self.consumer = MODEL_CONSUMER if kind == "model" else CONSUMER
         self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
         self.timeline = Timeline(dock.client, dock.keys)
-        self.profiler: ScoringProfiler | None = None  # profiler_config.reward (from_config sets it when on)
+        self.profiler = ScoringProfiler(ProfilerConfig(), pathlib.Path())  # off; from_config gives the run's
 
     @classmethod
     def from_config(cls, cfg: Config, runner: VerifierRunner, model: RewardModelScorer | None = None,
@@ -103,8 +103,7 @@ class RewardWorker:
         dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=holder)
         worker = cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model, kind=kind,
                      split=cfg.reward_config.model_replicas > 0)
-        if cfg.profiler_config.reward.profile:
-            worker.profiler = ScoringProfiler.from_config(cfg)
+        worker.profiler = ScoringProfiler.from_config(cfg)
         return worker
 
     @property
@@ -121,16 +120,16 @@ class RewardWorker:
             columns.append(MODEL_COLUMN)  # claimed only once a reward-model replica put the model's part
         elif self.plan.uses_model:
             columns.append("prompts")
-        with self._range("dock_claim"):
+        with self.profiler.range("dock_claim"):
             claim = self.dock.claim(CONSUMER, columns, self.count, group=True,
                                     partial_columns=["response_length"], timeout_s=wait_s)
         if claim is None:
             return None
-        if self.profiler is not None:  # decided on the rows claimed: a claim waits, and the iteration may move meanwhile
+        if self.profiler.enabled:  # decided on the rows claimed: a claim waits, and the iteration may move meanwhile
             self.profiler.at_step(self.dock.policy_version() + 1)
         started = time.time()
         try:
-            with self._range("score_samples"):
+            with self.profiler.range("score_samples"):
                 scored = score_samples(self._inputs(claim), self.plan, self.runner, self.model)
         except Exception:  # e.g. the tokenizer cannot load: give the rows back at once
             self.dock.release(claim.lease, claim.indexes)
@@ -138,12 +137,8 @@ class RewardWorker:
         columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
         if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
             columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
-        with self._range("dock_put"):
+        with self.profiler.range("dock_put"):
             return self._put(claim, columns, scored, started)
-
-    def _range(self, name: str):
-        """A named range in the profiler's trace (profiler_config.reward), when one runs."""
-        return self.profiler.range(name) if self.profiler is not None else contextlib.nullcontext()
 
     def _model_step(self, wait_s: float) -> BatchReport | None:
         claim = self.dock.claim(MODEL_CONSUMER, ["responses", "prompts"], self.count, group=True,
@@ -227,8 +222,7 @@ class RewardWorker:
                     window.log("scoring", now)
                     window = _Window(now)
         finally:
-            if self.profiler is not None:
-                self.profiler.stop()
+            self.profiler.stop()
             if window.rows:
                 window.log("scored before stopping", time.monotonic())
             try:

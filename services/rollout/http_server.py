@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common import metrics
 from services.common.auth import token_matches
-from services.common.errors import ResourceExhausted
+from services.common.errors import ResourceExhausted, Unavailable
 from services.rollout.engine import RolloutEngine
 
 VERSION_HEADER = "x-policy-version"
@@ -72,15 +72,12 @@ class ReplicaMiddleware:
             await response(scope, receive, send)
             return
         generates = method == "POST" and path in GENERATION_ROUTES
-        if self.engine.draining and (generates or path == "/health"):
-            response = _error(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError",
-                              "this replica is shutting down (draining); send the request to another replica", retry_after=True)
-            await response(scope, receive, send)
-            return
-        if generates and self.engine.weights_incomplete:
-            await _error(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError", self.engine.weights_incomplete,
-                         retry_after=True)(scope, receive, send)
-            return
+        if generates or path == "/health":
+            try:  # the engine's own checks, as the gRPC API applies them: draining, and (to generate) weights whole
+                self.engine.ensure_generating() if generates else self.engine.ensure_accepting()
+            except Unavailable as exc:
+                await _error(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailableError", str(exc), retry_after=True)(scope, receive, send)
+                return
 
         async def send_with_version(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -9,13 +9,11 @@ forward, sampling and scheduling, as Perfetto and TensorBoard open them.
 from __future__ import annotations
 
 import logging
-import os
 import pathlib
-import socket
 
 import torch
 
-from services.common.config import Config, ProfilerConfig, profiler_trace_root
+from services.common.config import Config, ProfilerConfig, process_trace_dir
 from services.common.log import log_event
 
 log = logging.getLogger("dockrl.rollout")
@@ -25,7 +23,7 @@ def rollout_trace_dir(cfg: Config) -> pathlib.Path | None:
     """This replica's trace directory when profiler_config.rollout.profile is on, else None."""
     if not cfg.profiler_config.rollout.profile:
         return None
-    return (profiler_trace_root(cfg, "rollout") / f"{socket.gethostname()}_{os.getpid()}").resolve()
+    return process_trace_dir(cfg, "rollout")
 
 
 def vllm_profiler_config(pc: ProfilerConfig, trace_dir: pathlib.Path) -> dict:
