@@ -6,15 +6,11 @@ gradients once DDP has summed the CP ranks' parts, the metrics of an update with
 after it. A split that gave a token the wrong RoPE position, or an exchange that mixed heads or positions, would
 move the log-probs far past these fp32 tolerances.
 """
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
-from trainer_helpers import tiny_hf_model
+from trainer_helpers import tiny_hf_model, torchrun_ranks
 
 from services.trainer.modeling.context_parallel import chunk_index, layout_index, padded_length
 from services.trainer.modeling.model import ModelLayout
@@ -28,16 +24,7 @@ def hf_dir(tmp_path_factory):
 
 
 def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * cp * dp), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(hf_dir), str(out), str(tp), str(cp), algo]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(tp * cp * dp)]
+    return torchrun_ranks(WORKER, tp * cp * dp, hf_dir, out, tp, cp, algo)
 
 
 @pytest.fixture(scope="module")

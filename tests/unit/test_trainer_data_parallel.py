@@ -6,15 +6,11 @@ batch and compares what a user would: the update's losses and grad norms, the we
 handed back, the critic's values and step, how many samples each rank's forward passes saw, how much Adam state
 each rank holds, and a checkpoint resumed on the same and on another number of ranks.
 """
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
-from trainer_helpers import tiny_hf_model
+from trainer_helpers import tiny_hf_model, torchrun_ranks
 
 from services.trainer.modeling.checkpoint_convert import load_hf_state
 
@@ -29,16 +25,7 @@ def hf_dir(tmp_path_factory):
 
 def run_ranks(hf_dir, out: pathlib.Path, ranks: int, distributed: bool, resume_from: pathlib.Path | None = None,
               pp: int = 1) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(hf_dir), str(out), "1" if distributed else "0", str(pp)]
-    done = subprocess.run(cmd + ([str(resume_from)] if resume_from else []), env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
+    return torchrun_ranks(WORKER, ranks, hf_dir, out, "1" if distributed else "0", pp, *([resume_from] if resume_from else []))
 
 
 def assert_same_training(one: dict, other: dict, updates=("first", "second")) -> None:

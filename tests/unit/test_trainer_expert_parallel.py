@@ -3,15 +3,11 @@ holding all four does: the same loss, load-balancing loss, gradients and weights
 
 Each run is tests/unit/expert_parallel_worker.py under torchrun.
 """
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
-from trainer_helpers import tiny_hf_model
+from trainer_helpers import tiny_hf_model, torchrun_ranks
 
 from services.trainer.modeling.checkpoint_convert import load_hf_state
 
@@ -19,16 +15,7 @@ WORKER = pathlib.Path(__file__).with_name("expert_parallel_worker.py")
 
 
 def run_ranks(hf_dir, out: pathlib.Path, ranks: int, ep: int) -> list[dict]:
-    out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(hf_dir), str(out), str(ep)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
+    return torchrun_ranks(WORKER, ranks, hf_dir, out, ep)
 
 
 def test_two_expert_parallel_ranks_train_as_one(tmp_path):

@@ -1,7 +1,11 @@
-"""Shared pieces of the trainer tests: a tiny HF model with informative weights, random batches."""
+"""Shared pieces of the trainer tests: a tiny HF model with informative weights, random batches, torchrun ranks."""
 from __future__ import annotations
 
+import os
 import pathlib
+import socket
+import subprocess
+import sys
 
 import torch
 
@@ -50,7 +54,32 @@ def megatron_tp1(hf_dir: pathlib.Path):
     return model, layout
 
 
+def assert_logits_match(model, reference) -> None:
+    """The megatron `model`'s logits equal transformers' `reference` (same weights) on a random batch, within 1e-5."""
+    model.eval()
+    ids = torch.randint(0, 300, (2, 13), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = model(ids, torch.arange(13).unsqueeze(0).expand(2, -1), None)
+        theirs = reference(ids).logits
+    assert theirs.std() > 0.5  # informative logits, not a near-uniform softmax
+    assert torch.allclose(ours, theirs, atol=1e-5, rtol=0)
+
+
 def response_nll(logp: torch.Tensor, batch: ResponseBatch) -> torch.Tensor:
     """Mean negative log-likelihood over response tokens: the loss the parity tests compare."""
     mask = batch.response_mask()
     return -(logp * mask).sum() / mask.sum()
+
+
+def torchrun_ranks(worker: pathlib.Path, ranks: int, hf_dir: pathlib.Path, out: pathlib.Path, *args) -> list[dict]:
+    """Runs `worker` (argv: hf_dir, out, *args) on `ranks` gloo ranks under torchrun; returns each rank's out/rank{r}.pt."""
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
+           "--master-port", str(port), str(worker), str(hf_dir), str(out), *map(str, args)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
