@@ -4,7 +4,7 @@ Every key of a run lives under `prefix:{run_id}:` so several runs share one Redi
 are literal: a Redis Cluster hash tag, so every key of a run maps to one slot (each script stays
 single-slot and atomic) and different runs spread over the cluster's nodes:
 
-    meta              hash   layout (JSON), token digest, target, complete, requeued, retired
+    meta              hash   layout (JSON), token digest, target, complete, requeued, retired, rounds (begin_iterations)
     val:{column}:{row} string encoded value (codec.py), written by the put script from its arguments
     ready:{column}    bitmap bit i set: row i's value of {column} is final
     live              bitmap bit i set: row i holds a sample of the current pool
@@ -13,6 +13,7 @@ single-slot and atomic) and different runs spread over the cluster's nodes:
     owner:{name}      hash   row index -> lease id of the claim that holds it
     age               zset   group id -> age (partial-rollout splits so far; group max)
     rowage            hash   row index -> partial-rollout splits of the row
+    order             zset   group id -> rounds at its admission * groups + group id (claims take older rounds first)
     done              hash   group id -> rows whose completion column is final
     version           hash   row index -> policy version of the last put that named one
     consumers         set    consumer names seen (so clear knows every key)

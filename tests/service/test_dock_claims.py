@@ -222,6 +222,24 @@ def test_claims_take_the_lowest_free_groups_past_gaps_and_unready_rows(dock_fact
 
 
 
+def test_groups_admitted_in_an_earlier_iteration_are_claimed_first_whatever_their_slot(dock_factory):
+    # Asynchronous RL admits each iteration into the slots trained groups left, often below groups
+    # admitted earlier: the trainer must still take the earlier ones first, or they go stale waiting.
+    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=6))
+    _fill_prompts(dock, range(6))
+    trained = dock.claim("actor_train", ["prompts"], 2 * N)
+    assert [i // N for i in trained.indexes[::N]] == [0, 1]
+    dock.ack(trained.lease, trained.indexes)
+    assert dock.begin_iteration(target_groups=2) == [0, 1]
+    _fill_prompts(dock, [0, 1])  # the next round, in the lowest slots
+    trained = dock.claim("actor_train", ["prompts"], 2 * N)
+    dock.ack(trained.lease, trained.indexes)
+    assert [i // N for i in trained.indexes[::N]] == [2, 3]
+    assert dock.begin_iteration(target_groups=2) == [2, 3]
+    _fill_prompts(dock, [2, 3])
+    assert [i // N for i in _claim_until_empty(dock, N)[::N]] == [4, 5, 0, 1, 2, 3]  # rollout too, round by round
+
+
 def test_a_waiting_claim_is_woken_by_a_put_or_a_release_not_by_its_next_poll(dock_factory, redis_url):
     owner = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=4))
     # a poll of 30 s: a claim that gets its rows within seconds was woken

@@ -27,6 +27,8 @@ for _, group in ipairs(redis.call('ZRANGE', k('age'), 0, -1)) do
 end
 drop_rows(meta, drop)
 redis.call('HINCRBY', k('meta'), 'retired', dropped)
+-- The groups put from here on are the next admission round (put.lua's `order`: claims take older rounds first).
+redis.call('HINCRBY', k('meta'), 'rounds', 1)
 redis.call('HSET', k('meta'), 'target', target)
 local reply = {dropped}
 for group = 0, math.floor(tonumber(meta.capacity) / n) - 1 do

@@ -5,7 +5,7 @@
 -- values of each read column at those rows (false: not stored)}: values come back in the same
 -- round trip as the claim.
 -- ordered: the next rows of [lo, hi) in index order, or nothing while those are not ready.
--- otherwise: groups oldest first (age desc), then by group id. After the iteration's target of
+-- otherwise: groups oldest first (age desc), then in admission order (put.lua's `order`). After the iteration's target of
 -- complete groups is reached (stop_at_target), only groups of age >= max_age stay claimable.
 -- A claim that finds too few rows and whose caller will wait (wait_ms > 0) is listed in `waiting`
 -- until then, so the next put or release wakes it (lib.lua's wake_consumers).
@@ -96,21 +96,42 @@ else
   local function age_open(age) return not after_target or (max_age >= 0 and age >= max_age) end
   local youngest = redis.call('ZRANGE', k('age'), 0, 0, 'WITHSCORES')
   local oldest = redis.call('ZRANGE', k('age'), -1, -1, 'WITHSCORES')
+  -- Admission rounds of the first and the last admitted group (put.lua's `order` scores).
+  local groups_total = math.floor(tonumber(meta.capacity) / n)
+  local first_in = redis.call('ZRANGE', k('order'), 0, 0, 'WITHSCORES')
+  local last_in = redis.call('ZRANGE', k('order'), -1, -1, 'WITHSCORES')
+  local one_round = #first_in == 0 or math.floor(tonumber(first_in[2]) / groups_total) == math.floor(tonumber(last_in[2]) / groups_total)
+  local function full() return #picked >= count or (by_group and #picked + n > count) end
   if #youngest > 0 and youngest[2] == oldest[2] then
-    -- Every group has one age (always so without partial rollout): group id order is row order,
-    -- so the free rows' bitmap gives the groups in order.
+    -- Every group has one age (always so without partial rollout).
     local age = tonumber(oldest[2])
-    if age_open(age) then
+    if age_open(age) and one_round then
+      -- One admission round: group id order is admission order and row order, so the free rows'
+      -- bitmap gives the groups in order.
       local row = next_free(0)
-      while row and #picked < count do
+      while row and not full() do
         local group = math.floor(row / n)
         take(group, age)
-        if by_group and #picked + n > count then break end
         row = next_free((group + 1) * n)
+      end
+    elseif age_open(age) then
+      -- Several rounds (asynchronous RL admits each iteration): the groups admitted first go first,
+      -- so a group is not left to go stale while younger ones in lower slots are trained.
+      local start = 0
+      while not full() do
+        local groups = redis.call('ZRANGE', k('order'), start, start + 255)
+        if #groups == 0 then break end
+        for _, group in ipairs(groups) do
+          take(tonumber(group), age)
+          if full() then break end
+        end
+        start = start + 256
       end
     end
   elseif #youngest > 0 then
-    -- Groups by age, oldest first, each age's groups by id: numbers sorted with Lua's own `<`.
+    -- Groups by age, oldest first, each age's groups in admission order.
+    local rank = {}
+    for i, group in ipairs(redis.call('ZRANGE', k('order'), 0, -1)) do rank[tonumber(group)] = i end
     local flat = redis.call('ZRANGE', k('age'), 0, -1, 'WITHSCORES')
     local by_age, ages = {}, {}
     for i = 1, #flat, 2 do
@@ -123,7 +144,7 @@ else
       if #picked >= count then break end
       if age_open(age) then
         local groups = by_age[age]
-        table.sort(groups)
+        table.sort(groups, function(a, b) return (rank[a] or a + groups_total) < (rank[b] or b + groups_total) end)
         for _, group in ipairs(groups) do
           if #picked >= count then break end
           take(group, age)

@@ -170,7 +170,7 @@ local function clear_bits(keys, rows, capacity)
   redis.call('DEL', mask)
 end
 
--- Removes rows from every key of the run (values, flags, leases, ages, completion counts).
+-- Removes rows from every key of the run (values, flags, leases, ages, admission order, completion counts).
 local function drop_rows(meta, rows)
   if #rows == 0 then return end
   local n = tonumber(meta.n)
@@ -203,6 +203,7 @@ local function drop_rows(meta, rows)
   if complete > 0 then redis.call('HINCRBY', k('meta'), 'complete', -complete) end
   batched('HDEL', k('done'), groups)
   batched('ZREM', k('age'), groups)
+  batched('ZREM', k('order'), groups)
 end
 
 -- Wakes the consumers whose claims found nothing and wait (claim.lua put them in `waiting` with
@@ -225,7 +226,7 @@ end
 
 -- Deletes every data key of the run: every row's values, flags, leases, ages (not meta).
 local function delete_pool(meta)
-  local keys = {k('live'), k('version'), k('rowage'), k('age'), k('done'), k('waiting')}
+  local keys = {k('live'), k('version'), k('rowage'), k('age'), k('order'), k('done'), k('waiting')}
   local capacity = tonumber(meta.capacity)
   for _, column in ipairs(layout_columns()) do
     keys[#keys + 1] = k('ready:' .. column.name)
