@@ -123,7 +123,7 @@ class CollectiveReceiver:
                     await llm.update_weights(WeightTransferUpdateRequest(update_info={"buckets": buckets}))
                 except Exception as exc:
                     self.joined = False  # the backend has left the broken group
-                    self.engine.weights_incomplete = (
+                    self.engine.hold_generation(
                         f"weights incomplete: the weight transfer of version {version} broke off mid-way, so this replica "
                         f"generates nothing until the trainer's next complete push (it served version {self.engine.version})")
                     log_event(log, "collective transfer failed", level=logging.WARNING, version=version, error=str(exc)[:300])

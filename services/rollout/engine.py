@@ -16,7 +16,7 @@ import os
 import pathlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.common import metrics
@@ -36,6 +36,7 @@ FINISHED_REQUESTS = metrics.counter("rollout_requests_finished_total", "Requests
 REJECTED_REQUESTS = metrics.counter("rollout_requests_rejected_total", "Requests refused at the queue bound")
 QUEUE_DEPTH = metrics.gauge("rollout_queue_depth", "Requests waiting or running")
 POLICY_VERSION = metrics.gauge("rollout_policy_version", "Policy version now serving")
+WEIGHTS_INCOMPLETE = metrics.gauge("rollout_weights_incomplete", "1 while a weight transfer that broke off mid-way holds generation (until a complete push)")
 
 
 @dataclass
@@ -225,6 +226,9 @@ class RolloutEngine:
         # Why generation is refused, while a collective transfer that broke off mid-way left the model a mix of
         # two versions; empty once a complete push lands (set_version).
         self.weights_incomplete = ""
+        # Called with True / False when generation is held / resumed (hold_generation, set_version): the gRPC health
+        # status of the Rollout service follows it, so a probe or a balancer stops sending work to a held replica.
+        self.generation_listeners: list[Callable[[bool], None]] = []
         self.stopped = False  # set by abort_all at the drain's deadline: the engine takes nothing more
         self._running: set[str] = set()
         self._throughput = _Throughput()
@@ -384,10 +388,23 @@ class RolloutEngine:
             return await self.llm.collective_rpc(method, args=args)
 
     def set_version(self, version: int) -> None:
-        """Serves `version` from here on (a complete push landed): new tokens carry it."""
+        """Serves `version` from here on (a complete push landed): new tokens carry it, and generation held by a
+        broken transfer resumes."""
         self.version = version
-        self.weights_incomplete = ""
         POLICY_VERSION.set(version)
+        if self.weights_incomplete:
+            self.weights_incomplete = ""
+            WEIGHTS_INCOMPLETE.set(0)
+            for listener in self.generation_listeners:
+                listener(True)
+
+    def hold_generation(self, reason: str) -> None:
+        """Refuses generation with `reason` (ensure_generating: HTTP 503, gRPC UNAVAILABLE, no dock claims) until the
+        next complete push: a transfer that broke off mid-way left the model a mix of two versions."""
+        self.weights_incomplete = reason
+        WEIGHTS_INCOMPLETE.set(1)
+        for listener in self.generation_listeners:
+            listener(False)
 
     async def commit_staged_weights(self, version: int) -> None:
         """Applies the staged push with generation paused, then serves `version`.

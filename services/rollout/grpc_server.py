@@ -1,6 +1,8 @@
 """The gRPC `Rollout` service (proto/rollout.proto) and grpc.health.v1 on one grpc.aio server."""
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -108,7 +110,7 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServicer):
             model=self.engine.model_name, version=self.engine.version, queue_depth=self.engine.queue_depth,
             max_queue=self.engine.max_queue, tokens_per_second=self.engine.tokens_per_second(),
             replica_id=self.engine.replica_id, max_model_len=self.engine.max_model_len,
-            weight_group_ranks=self.collective.ranks,
+            weight_group_ranks=self.collective.ranks, weights_incomplete=self.engine.weights_incomplete,
         )
 
 
@@ -128,4 +130,13 @@ async def start_grpc_server(
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    loop = asyncio.get_running_loop()
+
+    def generation_changed(generating: bool) -> None:
+        # The Rollout service is NOT_SERVING while a broken transfer holds generation; the server ("") stays SERVING,
+        # since the replica is alive and waits for the push that mends it (a liveness probe must not restart it).
+        status = health_pb2.HealthCheckResponse.SERVING if generating else health_pb2.HealthCheckResponse.NOT_SERVING
+        loop.call_soon_threadsafe(lambda: loop.create_task(health_servicer.set(SERVICE, status)))
+
+    engine.generation_listeners.append(generation_changed)
     return server, bound, health_servicer

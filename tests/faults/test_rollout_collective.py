@@ -5,13 +5,16 @@ After a push both replicas serve the pushed weights (greedy tokens and logprobs 
 those weights); a refused join or layout is listed and changes nothing; a replica stopped (SIGSTOP)
 or whose worker is SIGKILLed mid-broadcast is listed within push_stall_s while the other replica
 takes the version, and a stopped one takes the next push once it runs again; a replica started
-mid-run joins at the next push while the others keep their groups.
+mid-run joins at the next push while the others keep their groups; a trainer killed mid-broadcast
+leaves the replica refusing generation (weights half new) until the next complete push.
 """
 from __future__ import annotations
 
 import os
 import pathlib
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -173,6 +176,77 @@ def test_a_replica_that_starts_mid_run_joins_at_the_next_push_without_rebuilding
         late.stop()
     assert sender.push(served, [x.grpc_target], old + 2, bucket_mb=BUCKET_MB).replicas_updated == 1
 
+
+# The trainer's side of a push that dies mid-broadcast: bucket 0 is sent and bucket 1 on the wire when the
+# process SIGKILLs itself, as when the OOM killer takes the trainer mid-push.
+DYING_SENDER = """
+import os, signal, sys
+from safetensors.torch import load_file
+from services.trainer.weights import collective_push
+
+path, address, version, token, stall_s, bucket_mb = sys.argv[1:]
+packed = 0
+pack = collective_push._pack
+
+def pack_then_die(tensors, layout):
+    global packed
+    packed += 1
+    if packed == 3:  # the third bucket is packed while bucket 1 is on the wire
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pack(tensors, layout)
+
+collective_push._pack = pack_then_die
+sender = collective_push.CollectiveSender(token, float(stall_s), "127.0.0.1")
+sender.push(load_file(path), [address], int(version), bucket_mb=float(bucket_mb))
+"""
+
+
+def test_a_trainer_killed_mid_broadcast_leaves_the_replica_refusing_generation_until_a_complete_push(
+        replicas, weights, sender, tmp_path, fault_log):
+    import grpc
+    import httpx
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from safetensors.torch import save_file
+
+    from services.rollout.grpc_server import SERVICE
+
+    model_dir, (x, _) = replicas
+    served, perturbed = weights
+    old = version(x)
+    save_file(perturbed, str(tmp_path / "perturbed.safetensors"))
+    died = subprocess.run([sys.executable, "-c", DYING_SENDER, str(tmp_path / "perturbed.safetensors"), x.grpc_target,
+                           str(old + 1), TOKEN, str(STALL_S), str(BUCKET_MB)], timeout=120, capture_output=True, text=True)
+    assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
+
+    deadline = time.monotonic() + STALL_S + 30  # the replica's receive fails once the group's peer is gone
+    while not (info := rollout_stub(x).GetInfo(rollout_pb2.GetInfoRequest())).weights_incomplete and time.monotonic() < deadline:
+        time.sleep(0.2)
+    with pytest.raises(grpc.RpcError) as refused:
+        rollout_stub(x).Generate(greedy_request(PROMPTS[0], 2), timeout=30)
+    http = httpx.post(f"{x.http_base}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}, timeout=30)
+    with grpc.insecure_channel(x.grpc_target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        held_health = [health.Check(health_pb2.HealthCheckRequest(service=name), timeout=10).status for name in (SERVICE, "")]
+    gauge_held = "dockrl_rollout_weights_incomplete 1.0" in httpx.get(f"{x.http_base}/metrics", timeout=30).text
+
+    mended = push_until_taken(sender, served, x, old + 1, within_s=6 * STALL_S)
+    after = rollout_stub(x).GetInfo(rollout_pb2.GetInfoRequest())
+    with grpc.insecure_channel(x.grpc_target) as channel:
+        mended_health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=SERVICE), timeout=10).status
+    assert_serves(x, load_hf_model(model_dir), old + 1)
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    fault_log.check("rollout weight push (collective)", "the trainer SIGKILLed mid-broadcast (bucket 1 of a collective push on the wire)",
+                    "the replica keeps its old version and refuses generation (gRPC UNAVAILABLE, HTTP 503, Rollout health NOT_SERVING, "
+                    "GetInfo and /metrics say why) while staying alive; the next complete push mends it",
+                    f"version {info.version}, held: {info.weights_incomplete[:70]!r}; Generate {refused.value.code().name}, HTTP "
+                    f"{http.status_code}, health Rollout/server {[health_pb2.HealthCheckResponse.ServingStatus.Name(h) for h in held_health]}, "
+                    f"gauge 1: {gauge_held}; next push: {mended.replicas_updated} updated, version {after.version}, "
+                    f"held {after.weights_incomplete!r}, health {health_pb2.HealthCheckResponse.ServingStatus.Name(mended_health)}",
+                    info.version == old and info.weights_incomplete.startswith("weights incomplete")
+                    and refused.value.code() == grpc.StatusCode.UNAVAILABLE and http.status_code == 503
+                    and held_health == [not_serving, serving] and gauge_held
+                    and mended.replicas_updated == 1 and after.version == old + 1 and after.weights_incomplete == ""
+                    and mended_health == serving)
 
 def test_a_replica_whose_worker_is_killed_mid_broadcast_is_listed_and_the_other_takes_the_push(replicas, weights, sender, fault_log):
     # The worker stops first, so the broadcast is certainly under way when it dies (as when the OOM killer

@@ -167,7 +167,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model", "version", "queue_depth", "max_queue", "tokens_per_second", "replica_id", "max_model_len", "weight_group_ranks")
+    __slots__ = ("model", "version", "queue_depth", "max_queue", "tokens_per_second", "replica_id", "max_model_len", "weight_group_ranks", "weights_incomplete")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -176,6 +176,7 @@ class InfoResponse(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_GROUP_RANKS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_INCOMPLETE_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     queue_depth: int
@@ -184,7 +185,8 @@ class InfoResponse(_message.Message):
     replica_id: str
     max_model_len: int
     weight_group_ranks: int
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_queue: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., replica_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_group_ranks: _Optional[int] = ...) -> None: ...
+    weights_incomplete: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., queue_depth: _Optional[int] = ..., max_queue: _Optional[int] = ..., tokens_per_second: _Optional[float] = ..., replica_id: _Optional[str] = ..., max_model_len: _Optional[int] = ..., weight_group_ranks: _Optional[int] = ..., weights_incomplete: _Optional[str] = ...) -> None: ...
 
 class JoinWeightGroupRequest(_message.Message):
     __slots__ = ("master_address", "master_port", "world_size", "timeout_s")
