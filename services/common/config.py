@@ -736,9 +736,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"megatron_training.expert_model_parallel_size: {ep} expert-parallel ranks x tensor_model_parallel_size x "
             f"pipeline_model_parallel_size = {tp_pp * ep} does not divide rl_config.actor_resource.num_npus {rl.actor_resource.num_npus}"
         )
-    if ep > 1 and mt.save:
-        errors.append("megatron_training.save: checkpoints with expert_model_parallel_size > 1 are not built yet "
-                      "(each expert-parallel rank holds other experts); use expert_model_parallel_size 1 or no save")
     if ep > 1 and mt.context_parallel_size > 1:
         errors.append("megatron_training.expert_model_parallel_size: cannot be > 1 with context_parallel_size > 1 yet (the two "
                       "were built and tested apart); set one of them to 1")

@@ -1,10 +1,12 @@
 """One rank of the expert-parallel test, started by torchrun: a GRPO update of a tiny MoE model with megatron-core's DDP
 and optimizer, its experts split over EP ranks (the data-parallel ranks, which also split the batch).
 
-Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP
+Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP [checkpoint [RESUME_FROM]]
 Each rank writes OUT_DIR/rank{r}.pt: the update's metrics (its loss, grad norm and the routers' load-balancing loss),
 the reduced gradients of the update's optimizer step and the weights after it, both gathered in HF names (experts
 over EP: what a weight push sends), and how many experts this rank holds per layer.
+With `checkpoint` (the distributed optimizer): two updates with a checkpoint between them in OUT_DIR/ckpt, the weights
+after each; with RESUME_FROM it loads that checkpoint instead of the first update and runs only the second.
 """
 import pathlib
 import sys
@@ -20,6 +22,7 @@ from services.common.config import MegatronTrainingConfig  # noqa: E402
 from services.trainer.algorithm.advantages import group_norm_advantages  # noqa: E402
 from services.trainer.algorithm.losses import PolicyLossConfig  # noqa: E402
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy  # noqa: E402
+from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, save_checkpoint  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
@@ -33,6 +36,22 @@ REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
 UPDATE = UpdateConfig(mini_batch_size=8, forward=ForwardConfig(micro_batch_size=1), loss=PolicyLossConfig(entropy_coeff=0.01))
 
 
+def checkpointed_updates(hf_dir: str, out_dir: pathlib.Path, model, layout, train: TrainBatch, resume_from: str | None) -> dict:
+    """Two updates with the distributed optimizer and a checkpoint between them (or the checkpoint, then the second)."""
+    optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, use_distributed_optimizer=True), total_steps=2)
+    out = {}
+    if resume_from is None:
+        update_policy(model, optimizer, train, UPDATE, step=0)
+        # copies: unconverted tensors (norms, routers) are the live parameters, which the second update moves
+        out["first_weights"] = {name: w.clone() for name, w in gather_hf_weights(model, layout).items()}
+        save_checkpoint(out_dir / "ckpt", model, optimizer, TrainState(step=1), hf_dir=hf_dir)
+    else:
+        load_checkpoint(resume_from, model, optimizer)
+    out["second"] = update_policy(model, optimizer, train, UPDATE, step=1).metrics.as_dict()
+    out["weights"] = gather_hf_weights(model, layout)
+    return out
+
+
 def main() -> None:
     torch.set_num_threads(1)
     hf_dir, out_dir, ep = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
@@ -40,6 +59,13 @@ def main() -> None:
     layout = ModelLayout.from_hf_dir(hf_dir)
     model = build_model(layout)
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
+    if sys.argv[4:5] == ["checkpoint"]:
+        samples = random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[4, 2, 3, 5, 1, 3, 4, 2])
+        train = TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask()))
+        out = checkpointed_updates(hf_dir, out_dir, model, layout, train, sys.argv[5] if len(sys.argv) > 5 else None)
+        torch.save(out, out_dir / f"rank{torch.distributed.get_rank()}.pt")
+        destroy_parallel()
+        return
     # The replicated optimizer all-reduces whole gradients, so every rank's buffer holds them after the step.
     optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, use_distributed_optimizer=False), total_steps=1)
     samples = random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[4, 2, 3, 5, 1, 3, 4, 2])

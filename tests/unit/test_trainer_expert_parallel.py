@@ -1,5 +1,7 @@
 """Expert parallel on CPU (gloo all-to-all): two ranks holding two experts each train a tiny Qwen2-MoE model as one rank
-holding all four does: the same loss, load-balancing loss, gradients and weights after the step.
+holding all four does: the same loss, load-balancing loss, gradients and weights after the step. A checkpoint saved on
+two expert-parallel ranks (one shard per EP rank, as Megatron names them) resumes to the uninterrupted run's next step
+and converts to one Hugging Face model with every expert.
 
 Each run is tests/unit/expert_parallel_worker.py under torchrun.
 """
@@ -9,13 +11,13 @@ import pytest
 import torch
 from trainer_helpers import tiny_hf_model, torchrun_ranks
 
-from services.trainer.modeling.checkpoint_convert import load_hf_state
+from services.trainer.modeling.checkpoint_convert import convert_megatron_to_hf, load_hf_state
 
 WORKER = pathlib.Path(__file__).with_name("expert_parallel_worker.py")
 
 
-def run_ranks(hf_dir, out: pathlib.Path, ranks: int, ep: int) -> list[dict]:
-    return torchrun_ranks(WORKER, ranks, hf_dir, out, ep)
+def run_ranks(hf_dir, out: pathlib.Path, ranks: int, ep: int, *mode) -> list[dict]:
+    return torchrun_ranks(WORKER, ranks, hf_dir, out, ep, *mode)
 
 
 def test_two_expert_parallel_ranks_train_as_one(tmp_path):
@@ -38,3 +40,24 @@ def test_two_expert_parallel_ranks_train_as_one(tmp_path):
             # shares leaves the softmax unchanged), two sums of the same terms may step apart: compare where g is not.
             moved = single["grads"][name].abs() > 1e-5
             assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name
+
+
+def test_an_expert_parallel_checkpoint_resumes_and_converts_with_every_expert(tmp_path):
+    hf_dir = tiny_hf_model(tmp_path / "hf", architecture="qwen2_moe")
+    pair = run_ranks(hf_dir, tmp_path / "run", 2, 2, "checkpoint")
+    iteration = tmp_path / "run" / "ckpt" / "iter_0000001"
+    # One shard per expert-parallel rank, each with its experts' share of the distributed optimizer's state.
+    assert sorted(p.name for p in iteration.glob("mp_rank_*")) == ["mp_rank_00_000", "mp_rank_00_001"]
+    assert all((iteration / shard / "distrib_optim.pt").exists() for shard in ("mp_rank_00_000", "mp_rank_00_001"))
+    resumed = run_ranks(hf_dir, tmp_path / "resumed", 2, 2, "checkpoint", tmp_path / "run" / "ckpt")
+    for uninterrupted, rank in zip(pair, resumed):
+        assert rank["second"]["loss"] == pytest.approx(uninterrupted["second"]["loss"], abs=1e-6)
+        for name, weight in uninterrupted["weights"].items():
+            assert torch.equal(rank["weights"][name], weight), name  # same state, same arithmetic: bit for bit
+    exported = load_hf_state(convert_megatron_to_hf(iteration, tmp_path / "hf-export"))
+    first = pair[0]["first_weights"]
+    assert exported.keys() == first.keys() and sum(".experts." in k for k in exported) > 0
+    for name, weight in first.items():
+        assert torch.equal(exported[name], weight), name
+    with pytest.raises(Exception, match="expert parallel sizes"):  # resumed on one rank: the EP shards are not there
+        run_ranks(hf_dir, tmp_path / "one-rank", 1, 1, "checkpoint", tmp_path / "run" / "ckpt")

@@ -1,10 +1,12 @@
 """Training checkpoints: model, optimizer, LR scheduler, RNG, step and data cursor, one file per rank.
 
-Layout follows Megatron's: `<root>/iter_<step:07d>/mp_rank_TT[_PPP]/model_optim_rng.pt` and
-`<root>/latest_checkpointed_iteration.txt`. Data-parallel rank 0 of each TP/PP position writes
-that position's shard (its part of the weights, the optimizer's and the LR schedule's state);
-with the distributed optimizer the fp32 weights and Adam moments, sharded over the data-parallel
-ranks, are gathered into `distrib_optim.pt` beside it, as Megatron does. The tracker file is
+Layout follows Megatron's: `<root>/iter_<step:07d>/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt` and
+`<root>/latest_checkpointed_iteration.txt`. Data-parallel rank 0 of each TP/PP position (with
+expert parallel: of each TP/PP/EP position, whose experts differ) writes that position's shard
+(its part of the weights, the optimizer's and the LR schedule's state); with the distributed
+optimizer the fp32 weights and Adam moments, sharded over the data-parallel ranks, are gathered
+into `distrib_optim.pt` beside it, as Megatron does (the experts' over the expert-data-parallel
+ranks, into their EP position's file). The tracker file is
 written last, after a barrier, so a checkpoint interrupted half-way is never the one resumed.
 """
 from __future__ import annotations
@@ -58,24 +60,29 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _ranks() -> tuple[int, int, int]:
+def _ranks() -> dict[str, int]:
+    """This rank's place: TP, PP and EP rank and size (saved in the shard, so a converter need not guess from names)."""
     from megatron.core import parallel_state
 
-    return (parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_rank(),
-            parallel_state.get_pipeline_model_parallel_world_size())
+    return {"tp_rank": parallel_state.get_tensor_model_parallel_rank(), "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+            "ep_rank": parallel_state.get_expert_model_parallel_rank(), "tp": parallel_state.get_tensor_model_parallel_world_size(),
+            "pp": parallel_state.get_pipeline_model_parallel_world_size(), "ep": parallel_state.get_expert_model_parallel_world_size()}
 
 
 def _is_data_parallel_leader() -> bool:
     from megatron.core import parallel_state
 
+    if parallel_state.get_expert_model_parallel_world_size() > 1:
+        # Each EP rank holds other experts: rank 0 of each one's expert-data-parallel group writes its shard.
+        return parallel_state.get_expert_data_parallel_rank() == 0
     # The CP ranks of a replica hold the same shard: one of them writes it.
     return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
 
 
 def checkpoint_file(root: str | pathlib.Path, step: int) -> pathlib.Path:
     """This rank's file of the checkpoint at `step`."""
-    tp_rank, pp_rank, pp = _ranks()
-    return pathlib.Path(root) / f"iter_{step:07d}" / shard_dir_name(tp_rank, pp_rank, pp) / MEGATRON_FILE
+    r = _ranks()
+    return pathlib.Path(root) / f"iter_{step:07d}" / shard_dir_name(r["tp_rank"], r["pp_rank"], r["pp"], r["ep_rank"], r["ep"]) / MEGATRON_FILE
 
 
 def latest_step(root: str | pathlib.Path) -> int | None:
@@ -105,6 +112,7 @@ def save_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, 
             "distributed_optimizer": optimizer.distributed,
             "rng_state": _rng_state(),
             "train_state": asdict(state),
+            "parallel_ranks": _ranks(),
         }
         tmp = path.with_suffix(".tmp")
         torch.save(payload, tmp)
@@ -133,7 +141,8 @@ def load_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, 
         raise FileNotFoundError(f"{root}: no {TRACKER_FILE}; nothing to resume")
     path = checkpoint_file(root, step)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: missing (saved with other TP/PP sizes?)")
+        raise FileNotFoundError(f"{path}: missing (saved with other tensor, pipeline or expert parallel sizes? resume with "
+                                "the sizes it was saved with)")
     # The file holds RNG and numpy state besides tensors; it is one this trainer wrote.
     payload = torch.load(path, map_location="cpu", weights_only=False)
     if payload.get("distributed_optimizer", False) != optimizer.distributed:

@@ -59,9 +59,10 @@ def _mlps(layout: ModelLayout) -> list[tuple[str, str]]:
     return mlps + ([("mlp.shared_expert.", "mlp.shared_experts.")] if layout.shared_expert_ffn_hidden_size else [])
 
 
-def shard_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
-    """Megatron's per-rank directory name: mp_rank_TT, or mp_rank_TT_PPP with pipeline parallel."""
-    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "")
+def shard_dir_name(tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
+    """Megatron's per-rank directory name: mp_rank_TT, mp_rank_TT_PPP with pipeline parallel, and _EEE appended with
+    expert parallel (megatron.training.checkpointing.get_checkpoint_name)."""
+    return f"mp_rank_{tp_rank:02d}" + (f"_{pp_rank:03d}" if pp > 1 else "") + (f"_{ep_rank:03d}" if ep > 1 else "")
 
 
 def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: ModelLayout, tp: int) -> list[torch.Tensor]:
@@ -224,22 +225,31 @@ def save_megatron(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], out_dir
 
 
 def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.Tensor]]:
-    """Reads the shards save_megatron wrote, keyed by (pp_rank, tp_rank)."""
+    """Reads the shards save_megatron (or a training checkpoint) wrote, keyed by (pp_rank, tp_rank); the expert-parallel
+    ranks' shards of one position are merged into one with every expert (the model's layout from mg_dir/hf_config)."""
     from tqdm import tqdm
 
     import numpy as np
 
-    shards = {}
+    by_expert_rank: dict[ShardKey, dict[int, dict[str, torch.Tensor]]] = {}
     # An RL checkpoint's shard also holds the run's RNG state, numpy's among it: its array types are allowed, no other code.
     numpy_state = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
     for f in tqdm(sorted(pathlib.Path(mg_dir).glob(f"mp_rank_*/{MEGATRON_FILE}")), desc="reading megatron shards", unit="shard"):
-        parts = f.parent.name.split("_")[2:]
-        tp_rank, pp_rank = int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
         with torch.serialization.safe_globals(numpy_state):
-            model = torch.load(f, map_location="cpu", weights_only=True)["model"]
-        shards[(pp_rank, tp_rank)] = {k: v for k, v in model.items() if not k.endswith("_extra_state")}
-    if not shards:
+            payload = torch.load(f, map_location="cpu", weights_only=True)
+        # A training checkpoint names its ranks (Megatron's mp_rank_TT_EEE reads like mp_rank_TT_PPP); a converted one has TT[_PPP].
+        ranks = payload.get("parallel_ranks") or dict(zip(("tp_rank", "pp_rank"), map(int, f.parent.name.split("_")[2:])))
+        model = {k: v for k, v in payload["model"].items() if not k.endswith("_extra_state")}
+        key = (ranks.get("pp_rank", 0), ranks["tp_rank"])
+        by_expert_rank.setdefault(key, {})[ranks.get("ep_rank", 0)] = model
+    if not by_expert_rank:
         raise FileNotFoundError(f"{mg_dir}: no mp_rank_*/{MEGATRON_FILE}")
+    shards = {}
+    for key, parts in by_expert_rank.items():
+        if len(parts) == 1:
+            shards[key] = parts[0]
+        else:
+            shards[key] = merge_expert_parallel([parts[r] for r in sorted(parts)], ModelLayout.from_hf_dir(pathlib.Path(mg_dir) / "hf_config"))
     return shards
 
 
