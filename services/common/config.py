@@ -589,9 +589,6 @@ def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:
     if mt.pipeline_model_parallel_size > 1:
         errors.append("megatron_training.context_parallel_size: cannot be > 1 with pipeline_model_parallel_size > 1 "
                       "(the pipeline schedule passes whole sequences between stages); set one of them to 1")
-    if cfg.rl_config.adv_estimator == "gae":
-        errors.append("megatron_training.context_parallel_size: cannot be > 1 with rl_config.adv_estimator gae (the PPO critic "
-                      "runs its forward passes on whole sequences); set context_parallel_size: 1 or use group_norm")
 
 
 def _validate(cfg: Config, errors: list[str]) -> None:

@@ -110,11 +110,14 @@ def test_dapo_runs_end_to_end_with_dynamic_sampling_on_two_context_parallel_rank
 
 
 def test_ppo_runs_end_to_end_with_a_critic_and_the_adaptive_kl_controller(run_up):
-    # A config in MindSpeed-RL's layout: the critic's own lr comes from its critic_config section.
+    # A config in MindSpeed-RL's layout: the critic's own lr comes from its critic_config section. Actor and critic
+    # train on two context-parallel ranks (ring attention).
     iters = 3
     metrics, summary, log_dir = run_up("trainer.eval_data_path=", "trainer.test_data_path=",
+                                       "megatron_training.context_parallel_size=2", "rl_config.actor_resource.num_npus=2",
                                        config="tests/fixtures/mindspeed/tiny_ppo.yaml")
-    assert resolved_config(log_dir)["megatron_training"]["critic_lr"] == 5.0e-4
+    resolved = resolved_config(log_dir)
+    assert resolved["megatron_training"]["critic_lr"] == 5.0e-4 and resolved["megatron_training"]["context_parallel_size"] == 2
     records = steps(metrics)
     assert len(records) == iters
     assert all(r["critic/optimizer_steps"] == 4 and r["actor/optimizer_steps"] == 4 for r in records)

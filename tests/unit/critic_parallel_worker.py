@@ -1,6 +1,6 @@
 """One rank of the critic's TP / PP parity tests, started by torchrun: values of a fixed batch and one critic update on it.
 
-Usage: torchrun --nproc-per-node N critic_parallel_worker.py HF_DIR OUT_DIR TP PP
+Usage: torchrun --nproc-per-node N critic_parallel_worker.py HF_DIR OUT_DIR TP PP [CP CP_ALGO]
 Each rank writes OUT_DIR/rank{r}.pt with the values before and after the update and its metrics.
 """
 import pathlib
@@ -37,8 +37,9 @@ def parity_critic_update(critic, batch):
 def main() -> None:
     torch.set_num_threads(1)
     hf_dir, out_dir, tp, pp = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    init_parallel(tp=tp, pp=pp)
-    critic = build_critic(ModelLayout.from_hf_dir(hf_dir), load_hf_state(hf_dir))
+    cp, cp_algo = (int(sys.argv[5]), sys.argv[6]) if len(sys.argv) > 6 else (1, "megatron_cp_algo")
+    init_parallel(tp=tp, pp=pp, cp=cp)
+    critic = build_critic(ModelLayout.from_hf_dir(hf_dir), load_hf_state(hf_dir), cp_algo=cp_algo)
     batch = random_batch(**CRITIC_BATCH)
     values = compute_values(critic, batch, FORWARD)
     metrics, after = parity_critic_update(critic, batch)

@@ -51,8 +51,10 @@ class ValueHead(torch.nn.Linear):
         return super().forward(hidden_states), None
 
 
-def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, seed: int = 1234):
-    """This rank's critic shard: build_model(layout) loaded from `hf_state`, the last stage's LM head replaced by a ValueHead.
+def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, seed: int = 1234,
+                 cp_algo: str = "megatron_cp_algo"):
+    """This rank's critic shard: build_model(layout) loaded from `hf_state`, the last stage's LM head replaced by a ValueHead
+    (with context parallel, its attention exchanges sequence shares by `cp_algo`, as the actor's).
 
     init_parallel first. An untied layout allocates its vocabulary head for the load and frees it
     at the swap; a tied layout's embedding stays an input embedding only.
@@ -61,7 +63,7 @@ def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: 
 
     from services.trainer.modeling.checkpoint_convert import load_hf_into_model
 
-    model = build_model(layout, dtype)
+    model = build_model(layout, dtype, cp_algo)
     load_hf_into_model(model, hf_state, layout)
     if parallel_state.is_pipeline_last_stage():
         model.output_layer = ValueHead(layout.hidden_size, dtype, seed).to(compute_device())
@@ -77,10 +79,18 @@ def build_critic_optimizer(critic, mt, total_steps: int) -> ModelOptimizer:
 
 
 def response_values(output: torch.Tensor, batch: ResponseBatch, inputs: ModelInputs) -> torch.Tensor:
-    """From the last stage's output [b, S, 1] (or [1, T, 1] packed): values [b, L] of the responses in fp32, 0 past each."""
+    """From the last stage's output [b, S, 1] (or [1, T, 1] packed): values [b, L] of the responses in fp32, 0 past each.
+
+    Under context parallel the output holds this CP rank's positions only: every rank's are gathered in order first
+    (with a backward that keeps this rank's share, as for the actor's log-probs), so each CP rank has every value.
+    """
     device = output.device
     rows, cols = positions_predicting_responses(batch, inputs.starts)
     offsets = torch.cat([torch.arange(r) for r in batch.response_lengths.tolist()])
+    if inputs.cp_index is not None:
+        from services.trainer.modeling.context_parallel import gather_sequence
+
+        output = gather_sequence(output.view(output.size(0), -1, 1).transpose(0, 1), inputs.cp_index).transpose(0, 1)
     picked = output.reshape(-1)[cols.to(device)].float()
     return torch.zeros(batch.size, batch.max_response_length, device=device).index_put((rows.to(device), offsets.to(device)), picked)
 
@@ -243,7 +253,7 @@ class Critic:
     def build(cls, cfg, layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype, total_steps: int) -> "Critic":
         """The critic of `cfg` initialised from the actor's HF checkpoint; `total_steps` sizes its LR schedule."""
         mt = cfg.megatron_training
-        model = build_critic(layout, hf_state, dtype, seed=mt.seed)
+        model = build_critic(layout, hf_state, dtype, seed=mt.seed, cp_algo=mt.context_parallel_algo)
         return cls(model, build_critic_optimizer(model, mt, total_steps), CriticUpdateConfig.from_config(cfg))
 
     def values(self, batch: ResponseBatch, cfg: ForwardConfig) -> torch.Tensor:
