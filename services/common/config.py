@@ -586,9 +586,6 @@ def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:
     if mt.seq_length % (2 * cp):
         errors.append(f"megatron_training.seq_length: {mt.seq_length} is not a multiple of 2 * context_parallel_size = {2 * cp} "
                       "(each sequence is padded to a multiple of it and split into that many chunks)")
-    if mt.pipeline_model_parallel_size > 1:
-        errors.append("megatron_training.context_parallel_size: cannot be > 1 with pipeline_model_parallel_size > 1 "
-                      "(the pipeline schedule passes whole sequences between stages); set one of them to 1")
 
 
 def _validate(cfg: Config, errors: list[str]) -> None:

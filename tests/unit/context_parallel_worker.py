@@ -34,7 +34,8 @@ BATCH = dict(seed=5, prompt_lengths=[3, 5, 2, 4, 6, 3], response_lengths=[4, 2, 
 def main() -> None:
     torch.set_num_threads(1)
     hf_dir, out_dir, tp, cp, algo = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    init_parallel(tp=tp, cp=cp)
+    pp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    init_parallel(tp=tp, pp=pp, cp=cp)
     from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 

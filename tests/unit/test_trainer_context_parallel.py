@@ -23,8 +23,8 @@ def hf_dir(tmp_path_factory):
     return tiny_hf_model(tmp_path_factory.mktemp("hf"))
 
 
-def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1) -> list[dict]:
-    return torchrun_ranks(WORKER, tp * cp * dp, hf_dir, out, tp, cp, algo)
+def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1, pp: int = 1) -> list[dict]:
+    return torchrun_ranks(WORKER, tp * cp * dp * pp, hf_dir, out, tp, cp, algo, pp)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,13 @@ def test_context_parallel_2_with_data_parallel_2_trains_as_one_rank(hf_dir, tmp_
     for rank in ranks:  # a rank's gradients are its replica's half of the batch: the update compares the whole
         assert_same_as_one_rank(single, rank, grads=False)
 
+
+
+def test_context_parallel_2_with_pipeline_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
+    # The 1F1B schedule passes each CP rank's share of the activations between the stages: [S / CP, b, h].
+    ranks = run_ranks(hf_dir, tmp_path / "pp2cp2", 1, 2, "megatron_cp_algo", pp=2)
+    for rank in ranks:  # a rank's gradients are its stage's: the update's grad norm and weights compare the whole
+        assert_same_as_one_rank(single, rank, grads=False)
 
 def test_the_split_balances_causal_work_and_covers_every_position_once():
     # CP 2 of a 12-token sequence: chunks of 3, rank 0 holds the first and last, rank 1 the middle two.

@@ -160,9 +160,10 @@ def test_one_ppo_iteration_raises_the_rewarded_responses(hf_dir):
     assert gain[scores == 1].min() > gain[scores == 0].max()
 
 
-@pytest.mark.parametrize("tp,pp,cp", [(2, 1, ()), (1, 2, ()), (1, 1, (2, "megatron_cp_algo")), (1, 1, (2, "ulysses_cp_algo"))],
-                         ids=["tp2", "pp2", "cp2-ring", "cp2-ulysses"])
-def test_two_ranks_give_one_rank_values_and_step(hf_dir, tmp_path, tp, pp, cp):
+@pytest.mark.parametrize("tp,pp,cp", [(2, 1, ()), (1, 2, ()), (1, 1, (2, "megatron_cp_algo")), (1, 1, (2, "ulysses_cp_algo")),
+                                      (1, 2, (2, "megatron_cp_algo"))],
+                         ids=["tp2", "pp2", "cp2-ring", "cp2-ulysses", "pp2-cp2"])
+def test_parallel_ranks_give_one_rank_values_and_step(hf_dir, tmp_path, tp, pp, cp):
     critic = tp1_critic(hf_dir)
     batch = random_batch(**CRITIC_BATCH)
     values = compute_values(critic, batch, FORWARD)
@@ -171,11 +172,12 @@ def test_two_ranks_give_one_rank_values_and_step(hf_dir, tmp_path, tp, pp, cp):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+    ranks = tp * pp * (cp[0] if cp else 1)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
            "--master-port", str(port), str(WORKER), str(hf_dir), str(tmp_path), str(tp), str(pp), *map(str, cp)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    for r in range(2):
+    for r in range(ranks):
         rank = torch.load(tmp_path / f"rank{r}.pt", weights_only=True)
         assert torch.allclose(rank["values"], values, atol=1e-5)
         assert torch.allclose(rank["values_after"], after, atol=1e-5)

@@ -29,8 +29,11 @@ def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, l
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
+    from megatron.core import parallel_state
+
     results: list[tuple[torch.Tensor, torch.Tensor]] = []  # the last stage's, in micro-batch order
     count = len(parts)
+    cp_size = parallel_state.get_context_parallel_world_size()
 
     def forward_step(data_iterator, stage_model):
         i = next(data_iterator)
@@ -41,9 +44,10 @@ def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, l
             results.append((logp.detach(), entropy.detach()))
             if loss_fn is None:
                 return logits.new_zeros(()), {}
-            # The schedule divides each micro-batch's loss by their count; ours are already shares
-            # of the mini-batch's loss, so undo that.
-            return loss_fn(i, logp, entropy) * count, {}
+            # The schedule divides each micro-batch's loss by their count and multiplies it by the
+            # context-parallel size; ours are already shares of the mini-batch's loss, scaled for
+            # DDP's mean over DP x CP (ModelOptimizer.loss_scale), so undo both.
+            return loss_fn(i, logp, entropy) * count / cp_size, {}
 
         return output, loss_func
 
