@@ -186,6 +186,7 @@ class RolloutServiceConfig:
     heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
     omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU
     drain_s: float = 30.0  # on SIGTERM: seconds to finish or return held work and stop the engine, in all
+    expert_map_path: str = ""  # MoE: an expert map file (vllm-ascend's format, written by `dockrl eplb`); the replica checks it at start and reports its imbalance on GET /v1/expert_load (docs/moe.md)
 
 
 @dataclass(frozen=True)
