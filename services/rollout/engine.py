@@ -231,6 +231,7 @@ class RolloutEngine:
         self._throughput = _Throughput()
         self.weights_lock = asyncio.Lock()  # one weight push at a time, over gRPC bytes or the collective path
         self.moe_shape = (0, 0)  # (MoE layers, experts per layer) whose routed tokens are counted; (0, 0): dense
+        self.expert_counting_off = ""  # why an MoE model's counts cannot be trusted; empty when they can
         self.expert_map: Placement | None = None  # rollout.expert_map_path, read at start
         POLICY_VERSION.set(0)
 
@@ -393,6 +394,10 @@ class RolloutEngine:
         """
         # Tensor-parallel workers route the same tokens with the same replicated router: one answer is the replica's.
         self.moe_shape = tuple((await self.collective_rpc("start_expert_counting"))[0])
+        if self.moe_shape != (0, 0) and not self.cfg.generate_config.enforce_eager:
+            # torch.compile traced the router before the hook existed and never calls it (counts stayed 0 on CPU)
+            self.expert_counting_off = ("the model runs compiled (generate_config.enforce_eager: false), which skips "
+                                        "the router hook that counts tokens per expert; serve with enforce_eager: true")
         path = self.cfg.rollout.expert_map_path
         if not path:
             return

@@ -22,9 +22,10 @@ class ExpertCounter:
 
         import torch
 
+        device = next(model.parameters()).device
         for module in model.modules():
             if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
-                counts = torch.zeros(module.router.global_num_experts, dtype=torch.int64)
+                counts = torch.zeros(module.router.global_num_experts, dtype=torch.int64, device=device)
                 self.counts[module.layer_id] = counts
                 module.router.set_capture_fn(self._counter(counts))
         return len(self.counts), (len(next(iter(self.counts.values()))) if self.counts else 0)
@@ -34,10 +35,12 @@ class ExpertCounter:
         import torch
 
         def capture(topk_ids) -> None:  # [tokens, top_k] logical expert ids
-            counts.add_(torch.bincount(topk_ids.flatten().long().cpu(), minlength=counts.numel()))
+            # on the model's device and without a host sync (bincount would sync to size its output)
+            ids = topk_ids.flatten().long()
+            counts.scatter_add_(0, ids, torch.ones_like(ids))
 
         return capture
 
     def read(self) -> list[list[int]]:
         """Counts as [MoE layer in model order][expert]."""
-        return [self.counts[layer].tolist() for layer in sorted(self.counts)]
+        return [self.counts[layer].cpu().tolist() for layer in sorted(self.counts)]

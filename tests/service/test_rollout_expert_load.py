@@ -87,6 +87,18 @@ def test_a_replica_counts_routed_tokens_and_reports_the_imbalance_of_a_map(tmp_p
     assert "rollout.expert_map_path" in str(failed.value) and "moe_layer_count 99" in str(failed.value)
 
 
+def test_qwen3_moe_counts_are_exact_too(tmp_path):
+    """Qwen3-MoE hands its gate to vLLM's MoE runner instead of calling it: the router hook counts it all the same."""
+    model = tiny_hf_model(tmp_path / "model", architecture="qwen3_moe")
+    replica = spawn_replica(model, tmp_path, env=ENV).wait()
+    try:
+        fed = generate(replica.grpc_target)
+        load = expert_load(replica.http_base)
+    finally:
+        replica.stop()
+    assert [sum(layer) for layer in load["counts"]] == [fed * TOP_K] * len(load["counts"]) and len(load["counts"]) == 2
+
+
 def test_a_dense_replica_has_no_expert_load(tiny_model_dir, tmp_path):
     replica = spawn_replica(tiny_model_dir, tmp_path, env=ENV).wait()
     try:
@@ -95,3 +107,16 @@ def test_a_dense_replica_has_no_expert_load(tiny_model_dir, tmp_path):
     finally:
         replica.stop()
     assert refused.value.code == 404
+
+
+def test_a_compiled_moe_replica_refuses_to_report_counts_it_cannot_take(tmp_path):
+    """torch.compile traces the router before the counting hook exists: the counts would stay 0 (seen on vLLM-CPU)."""
+    model = tiny_hf_model(tmp_path / "model", architecture="qwen2_moe")
+    replica = spawn_replica(model, tmp_path, env=ENV, overrides=["generate_config.enforce_eager=false"]).wait(600)
+    try:
+        generate(replica.grpc_target)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            expert_load(replica.http_base)
+    finally:
+        replica.stop()
+    assert refused.value.code == 409 and "enforce_eager" in json.load(refused.value)["error"]["message"]
