@@ -217,7 +217,7 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
                        description="Reads the tokens routed to each expert of each MoE layer (rollout replicas count them, "
                                    "GET /v1/expert_load), places num_experts + --redundant-experts expert slots on --devices "
                                    "devices with vLLM's EPLB policy (DeepSeek's algorithm: hot experts get copies), writes "
-                                   "vllm-ascend's expert map file (rollout.expert_map_path reads it) and prints the imbalance "
+                                   "vllm-ascend's expert map file (generate_config.expert_map_path reads it) and prints the imbalance "
                                    "(max / mean tokens per device) with experts placed contiguously and with the map.")
     p.add_argument("--counts", action="append", required=True, metavar="URL_OR_FILE",
                    help="a rollout replica's HTTP base URL (http://host:port) or a JSON file saved from its /v1/expert_load; "

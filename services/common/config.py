@@ -67,6 +67,7 @@ class GenerateConfig:
     trust_remote_code: bool = False  # allow model code from the checkpoint directory
     seed: int = 1234  # random seed
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    expert_map_path: str = ""  # MoE, MindSpeed-RL's key: an expert map file (vllm-ascend's format, written by `dockrl eplb`); each replica checks it at start and reports its imbalance on GET /v1/expert_load (docs/moe.md)
     tool_call_parser: str = ""  # vLLM's --tool-call-parser (e.g. hermes for Qwen) with auto tool choice on the HTTP API; "": tools off
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -186,7 +187,6 @@ class RolloutServiceConfig:
     heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
     omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU
     drain_s: float = 30.0  # on SIGTERM: seconds to finish or return held work and stop the engine, in all
-    expert_map_path: str = ""  # MoE: an expert map file (vllm-ascend's format, written by `dockrl eplb`); the replica checks it at start and reports its imbalance on GET /v1/expert_load (docs/moe.md)
 
 
 @dataclass(frozen=True)
@@ -657,8 +657,8 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     if not 0 < gen.gpu_memory_utilization <= 1:
         errors.append(f"generate_config.gpu_memory_utilization: must be in (0, 1], got {gen.gpu_memory_utilization!r}")
     _check_choice(errors, "generate_config.dtype", gen.dtype, ("float32", "bfloat16", "float16"))
-    if cfg.rollout.expert_map_path and not gen.enforce_eager:
-        errors.append("rollout.expert_map_path: needs generate_config.enforce_eager: true; vLLM's compiled model "
+    if gen.expert_map_path and not gen.enforce_eager:
+        errors.append("generate_config.expert_map_path: needs generate_config.enforce_eager: true; vLLM's compiled model "
                       "(torch.compile, CUDA graphs) skips the router hook that counts the tokens the map's imbalance is of")
     _check_choice(errors, "rl_config.adv_estimator", rl.adv_estimator, ("group_norm", "gae"))
     _check_choice(errors, "rl_config.kl_penalty", rl.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))

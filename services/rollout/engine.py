@@ -232,7 +232,7 @@ class RolloutEngine:
         self.weights_lock = asyncio.Lock()  # one weight push at a time, over gRPC bytes or the collective path
         self.moe_shape = (0, 0)  # (MoE layers, experts per layer) whose routed tokens are counted; (0, 0): dense
         self.expert_counting_off = ""  # why an MoE model's counts cannot be trusted; empty when they can
-        self.expert_map: Placement | None = None  # rollout.expert_map_path, read at start
+        self.expert_map: Placement | None = None  # generate_config.expert_map_path, read at start
         POLICY_VERSION.set(0)
 
     @classmethod
@@ -388,7 +388,7 @@ class RolloutEngine:
             return await self.llm.collective_rpc(method, args=args)
 
     async def start_expert_counting(self) -> None:
-        """Counts the tokens routed to each expert from here on (an MoE model), and reads `rollout.expert_map_path`.
+        """Counts the tokens routed to each expert from here on (an MoE model), and reads `generate_config.expert_map_path`.
 
         Raises ExpertMapError naming the key when the map file does not place this model's experts.
         """
@@ -398,22 +398,22 @@ class RolloutEngine:
             # torch.compile traced the router before the hook existed and never calls it (counts stayed 0 on CPU)
             self.expert_counting_off = ("the model runs compiled (generate_config.enforce_eager: false), which skips "
                                         "the router hook that counts tokens per expert; serve with enforce_eager: true")
-        path = self.cfg.rollout.expert_map_path
+        path = self.cfg.generate_config.expert_map_path
         if not path:
             return
         if self.moe_shape == (0, 0):
-            raise ExpertMapError(f"rollout.expert_map_path: {path} is set but {self.model_path} has no MoE layers")
+            raise ExpertMapError(f"generate_config.expert_map_path: {path} is set but {self.model_path} has no MoE layers")
         try:
             self.expert_map = read_expert_map(path, *self.moe_shape)
         except ExpertMapError as exc:
-            raise ExpertMapError(f"rollout.expert_map_path: {exc}") from None
+            raise ExpertMapError(f"generate_config.expert_map_path: {exc}") from None
 
     async def expert_load(self) -> dict:
         """Tokens routed to each expert so far ([MoE layer][expert]), and with an expert map the imbalance
         (max / mean tokens per device) they give without it (experts contiguous) and under it."""
         counts = (await self.collective_rpc("expert_counts"))[0]
         return {"model": self.model_name, "num_experts": self.moe_shape[1], "counts": counts,
-                "expert_map_path": self.cfg.rollout.expert_map_path, **load_report(counts, self.expert_map)}
+                "expert_map_path": self.cfg.generate_config.expert_map_path, **load_report(counts, self.expert_map)}
 
     def set_version(self, version: int) -> None:
         """Serves `version` from here on (a complete push landed): new tokens carry it."""

@@ -61,7 +61,8 @@ def imbalance(counts: Sequence[Sequence[float]], placement: Placement) -> float:
 
 def plan_placement(counts: Sequence[Sequence[float]], num_devices: int, num_redundant: int,
                    num_groups: int = 1, num_nodes: int = 1) -> Placement:
-    """The placement vLLM's EPLB policy chooses for these per-layer per-expert token counts.
+    """The placement vLLM's EPLB policy chooses for these per-layer per-expert token counts, each device's experts
+    made distinct (`spread_copies`).
 
     `num_devices` devices hold num_experts + `num_redundant` slots in all (a multiple of num_devices);
     `num_groups` / `num_nodes` are the policy's expert groups and server nodes (1 / 1: global balancing).
@@ -77,7 +78,48 @@ def plan_placement(counts: Sequence[Sequence[float]], num_devices: int, num_redu
     weight = torch.tensor(counts, dtype=torch.float64)
     phy2log = DefaultEplbPolicy.rebalance_experts(weight, slots, num_groups, num_nodes, num_devices)
     per = slots // num_devices
-    return [[row[d * per:(d + 1) * per] for d in range(num_devices)] for row in phy2log.tolist()]
+    return [spread_copies([row[d * per:(d + 1) * per] for d in range(num_devices)], layer_counts)
+            for row, layer_counts in zip(phy2log.tolist(), counts)]
+
+
+def spread_copies(devices: list[list[int]], counts: Sequence[float]) -> list[list[int]]:
+    """One layer's placement with no expert twice on a device.
+
+    vLLM's policy packs copies by load alone and can put two copies of a hot expert on one device (even more
+    copies than devices), which computes its tokens no faster than one; vllm-ascend maps each expert to one slot
+    per device, and MindSpeed-RL requires distinct experts per device. A second copy on a device is swapped with
+    an expert of a device that holds no copy of it, the swap that leaves the two devices' larger load smallest,
+    so every expert keeps its copies; where no device lacks it (more copies than devices), the slot becomes a copy
+    of the expert, absent from that device, with the most tokens per copy.
+    """
+    num_experts = len(counts)
+    if any(len(experts) > num_experts for experts in devices):
+        raise ValueError(f"{len(devices[0])} slots per device cannot hold distinct experts of {num_experts}: "
+                         "lower --redundant-experts")
+    copies = [0] * num_experts
+    for experts in devices:
+        for e in experts:
+            copies[e] += 1
+    devices = [list(experts) for experts in devices]
+    for a, experts in enumerate(devices):
+        for slot, e in enumerate(experts):
+            if e not in experts[:slot]:
+                continue
+            loads = device_loads(counts, devices)
+            share = [c / max(n, 1) for c, n in zip(counts, copies)]
+            # each swap ends a duplicate and makes none: b lacked e and `a` lacks f
+            swaps = [(max(loads[a] - share[e] + share[f], loads[b] - share[f] + share[e]), b, j)
+                     for b, other in enumerate(devices) if e not in other
+                     for j, f in enumerate(other) if f not in experts]
+            if swaps:
+                _, b, j = min(swaps)
+                experts[slot], devices[b][j] = devices[b][j], e
+            else:
+                f = max((f for f in range(num_experts) if f not in experts), key=lambda f: share[f])
+                experts[slot] = f
+                copies[e] -= 1
+                copies[f] += 1
+    return devices
 
 
 def write_expert_map(path: str | pathlib.Path, placement: Placement) -> pathlib.Path:
@@ -113,8 +155,9 @@ def read_expert_map(path: str | pathlib.Path, num_layers: int, num_experts: int)
         if len(devices) != len(placement[0]) or not devices:
             raise ExpertMapError(f"{path}: layer {layer} lists {len(devices)} devices, layer 0 {len(placement[0])}")
         for d, experts in enumerate(devices):
-            if any(not 0 <= e < num_experts for e in experts):
-                raise ExpertMapError(f"{path}: layer {layer} device {d} holds {experts}: expert ids are in [0, {num_experts})")
+            if len(set(experts)) != len(experts) or any(not 0 <= e < num_experts for e in experts):
+                raise ExpertMapError(f"{path}: layer {layer} device {d} holds {experts}: distinct expert ids in "
+                                     f"[0, {num_experts})")
         missing = set(range(num_experts)) - {e for experts in devices for e in experts}
         if missing:
             raise ExpertMapError(f"{path}: layer {layer} places no copy of experts {sorted(missing)}")

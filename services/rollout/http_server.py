@@ -111,7 +111,7 @@ def _dockrl_router(engine: RolloutEngine) -> APIRouter:
     @router.get("/v1/expert_load")
     async def expert_load() -> JSONResponse:
         """Tokens routed to each expert of each MoE layer since the replica started (input of `dockrl eplb`), and the
-        imbalance under rollout.expert_map_path; 404 for a dense model, 409 for a compiled one (nothing counted)."""
+        imbalance under generate_config.expert_map_path; 404 for a dense model, 409 for a compiled one (nothing counted)."""
         if engine.moe_shape == (0, 0):
             return _error(HTTPStatus.NOT_FOUND, "NotFoundError", f"{engine.model_name} has no MoE layers: no expert load")
         if engine.expert_counting_off:

