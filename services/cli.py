@@ -131,6 +131,46 @@ def _cmd_config_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_expert_load(source: str) -> list[list[int]]:
+    """[MoE layer][expert] token counts from a replica's base URL (its GET /v1/expert_load) or a file saved from it."""
+    import json
+    import pathlib
+    import urllib.request
+
+    if source.startswith(("http://", "https://")):
+        with urllib.request.urlopen(source.rstrip("/") + "/v1/expert_load", timeout=30) as response:
+            return json.load(response)["counts"]
+    return json.loads(pathlib.Path(source).read_text())["counts"]
+
+
+def _cmd_eplb(args: argparse.Namespace) -> int:
+    from services.rollout.eplb import contiguous_placement, imbalance, plan_placement, write_expert_map
+
+    try:
+        loads = [_read_expert_load(source) for source in args.counts]
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"eplb: cannot read the expert load: {exc}", file=sys.stderr)
+        return 2
+    if any(len(c) != len(loads[0]) or len(c[0]) != len(loads[0][0]) for c in loads):
+        print("eplb: the --counts sources are of different models (layers x experts differ)", file=sys.stderr)
+        return 2
+    counts = [[sum(layer) for layer in zip(*layers)] for layers in zip(*loads)]  # summed over replicas
+    num_experts = len(counts[0])
+    try:
+        placement = plan_placement(counts, args.devices, args.redundant_experts, args.groups, args.nodes)
+        before = imbalance(counts, contiguous_placement(len(counts), num_experts, args.devices))
+    except ValueError as exc:
+        print(f"eplb: {exc}", file=sys.stderr)
+        return 2
+    path = write_expert_map(args.out, placement)
+    print(f"{sum(counts[0]):,} routed tokens in layer 0; {len(counts)} MoE layers x {num_experts} experts on "
+          f"{args.devices} devices, {args.redundant_experts} redundant")
+    print(f"imbalance (max / mean tokens per device, mean over layers): contiguous {before:.3f}, "
+          f"with the map {imbalance(counts, placement):.3f}")
+    print(f"wrote {path}")
+    return 0
+
+
 def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("init-model", help="build the tiny Qwen2-layout (or Qwen MoE) model and tokenizer locally",
                        description="Builds a randomly initialised Qwen2, Qwen2-MoE or Qwen3-MoE Hugging Face checkpoint "
@@ -172,6 +212,23 @@ def _add_builtin_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-fraction", type=float, default=0.2, help="share of problems held out from RL (test.jsonl)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed")
     p.set_defaults(func=_cmd_data_make_arithmetic)
+
+    p = sub.add_parser("eplb", help="plan an MoE expert placement from rollout token counts (vLLM's EPLB policy)",
+                       description="Reads the tokens routed to each expert of each MoE layer (rollout replicas count them, "
+                                   "GET /v1/expert_load), places num_experts + --redundant-experts expert slots on --devices "
+                                   "devices with vLLM's EPLB policy (DeepSeek's algorithm: hot experts get copies), writes "
+                                   "vllm-ascend's expert map file (generate_config.expert_map_path reads it) and prints the imbalance "
+                                   "(max / mean tokens per device) with experts placed contiguously and with the map.")
+    p.add_argument("--counts", action="append", required=True, metavar="URL_OR_FILE",
+                   help="a rollout replica's HTTP base URL (http://host:port) or a JSON file saved from its /v1/expert_load; "
+                        "repeatable: the replicas' counts are summed")
+    p.add_argument("--devices", type=int, required=True, help="devices the experts are placed on (expert-parallel size)")
+    p.add_argument("--redundant-experts", type=int, default=0,
+                   help="extra expert slots for copies of hot experts; experts + this must divide by --devices (default 0)")
+    p.add_argument("--groups", type=int, default=1, help="expert groups of the policy's hierarchical balancing (default 1)")
+    p.add_argument("--nodes", type=int, default=1, help="server nodes of the policy's hierarchical balancing (default 1)")
+    p.add_argument("--out", required=True, help="expert map JSON to write")
+    p.set_defaults(func=_cmd_eplb)
 
     cfg = sub.add_parser("config", help="validate a run config, or import one in MindSpeed-RL's layout")
     csub = cfg.add_subparsers(dest="config_command", required=True)

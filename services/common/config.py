@@ -61,12 +61,13 @@ class GenerateConfig:
     max_model_len: int = 4096  # prompt + response tokens the engine accepts
     max_num_batched_tokens: int = 8192  # tokens per engine step
     gpu_memory_utilization: float = 0.9  # share of accelerator memory vLLM may take
-    enforce_eager: bool = True  # no CUDA graphs (always eager on CPU)
+    enforce_eager: bool = True  # no CUDA graphs or torch.compile (MoE expert token counts for EPLB need it: docs/moe.md)
     enable_prefix_caching: bool = False  # reuse KV cache across requests with a common prefix
     dtype: str = "bfloat16"  # float32 | bfloat16 | float16
     trust_remote_code: bool = False  # allow model code from the checkpoint directory
     seed: int = 1234  # random seed
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    expert_map_path: str = ""  # MoE, MindSpeed-RL's key: an expert map file (vllm-ascend's format, written by `dockrl eplb`); each replica checks it at start and reports its imbalance on GET /v1/expert_load (docs/moe.md)
     tool_call_parser: str = ""  # vLLM's --tool-call-parser (e.g. hermes for Qwen) with auto tool choice on the HTTP API; "": tools off
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
 
@@ -650,6 +651,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     if not 0 < gen.gpu_memory_utilization <= 1:
         errors.append(f"generate_config.gpu_memory_utilization: must be in (0, 1], got {gen.gpu_memory_utilization!r}")
     _check_choice(errors, "generate_config.dtype", gen.dtype, ("float32", "bfloat16", "float16"))
+    if gen.expert_map_path and not gen.enforce_eager:
+        errors.append("generate_config.expert_map_path: needs generate_config.enforce_eager: true; vLLM's compiled model "
+                      "(torch.compile, CUDA graphs) skips the router hook that counts the tokens the map's imbalance is of")
     _check_choice(errors, "rl_config.adv_estimator", rl.adv_estimator, ("group_norm", "gae"))
     _check_choice(errors, "rl_config.kl_penalty", rl.kl_penalty, ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
     _check_choice(errors, "rl_config.kl_ctrl_type", rl.kl_ctrl_type, ("fixed", "adaptive"))

@@ -23,6 +23,7 @@ from services.common import metrics
 from services.common.config import Config
 from services.common.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.common.sample import FinishReason
+from services.rollout.eplb import ExpertMapError, Placement, load_report, read_expert_map
 from services.rollout.profiling import rollout_trace_dir, vllm_profiler_config
 from services.rollout.sampling import ResolvedSampling, SamplingOverrides, resolve
 
@@ -233,6 +234,9 @@ class RolloutEngine:
         self._running: set[str] = set()
         self._throughput = _Throughput()
         self.weights_lock = asyncio.Lock()  # one weight push at a time, over gRPC bytes or the collective path
+        self.moe_shape = (0, 0)  # (MoE layers, experts per layer) whose routed tokens are counted; (0, 0): dense
+        self.expert_counting_off = ""  # why an MoE model's counts cannot be trusted; empty when they can
+        self.expert_map: Placement | None = None  # generate_config.expert_map_path, read at start
         POLICY_VERSION.set(0)
 
     @classmethod
@@ -386,6 +390,34 @@ class RolloutEngine:
         """Calls `method` of the worker extension on every worker; returns their answers."""
         with dead_engine_is_unavailable():
             return await self.llm.collective_rpc(method, args=args)
+
+    async def start_expert_counting(self) -> None:
+        """Counts the tokens routed to each expert from here on (an MoE model), and reads `generate_config.expert_map_path`.
+
+        Raises ExpertMapError naming the key when the map file does not place this model's experts.
+        """
+        # Tensor-parallel workers route the same tokens with the same replicated router: one answer is the replica's.
+        self.moe_shape = tuple((await self.collective_rpc("start_expert_counting"))[0])
+        if self.moe_shape != (0, 0) and not self.cfg.generate_config.enforce_eager:
+            # torch.compile traced the router before the hook existed and never calls it (counts stayed 0 on CPU)
+            self.expert_counting_off = ("the model runs compiled (generate_config.enforce_eager: false), which skips "
+                                        "the router hook that counts tokens per expert; serve with enforce_eager: true")
+        path = self.cfg.generate_config.expert_map_path
+        if not path:
+            return
+        if self.moe_shape == (0, 0):
+            raise ExpertMapError(f"generate_config.expert_map_path: {path} is set but {self.model_path} has no MoE layers")
+        try:
+            self.expert_map = read_expert_map(path, *self.moe_shape)
+        except ExpertMapError as exc:
+            raise ExpertMapError(f"generate_config.expert_map_path: {exc}") from None
+
+    async def expert_load(self) -> dict:
+        """Tokens routed to each expert so far ([MoE layer][expert]), and with an expert map the imbalance
+        (max / mean tokens per device) they give without it (experts contiguous) and under it."""
+        counts = (await self.collective_rpc("expert_counts"))[0]
+        return {"model": self.model_name, "num_experts": self.moe_shape[1], "counts": counts,
+                "expert_map_path": self.cfg.generate_config.expert_map_path, **load_report(counts, self.expert_map)}
 
     def set_version(self, version: int) -> None:
         """Serves `version` from here on (a complete push landed): new tokens carry it, and generation held by a

@@ -9,7 +9,8 @@ and the `vllm:*` metrics are those of `vllm serve`. dockrl adds, in one ASGI mid
 - the policy version serving when a response starts, as the `x-policy-version` header;
 - draining (SIGTERM): new generation requests and `/health` answer 503 with `Retry-After`;
 
-and two routes: `GET /v1/policy_version`, and `dockrl_*` series beside vLLM's on `/metrics`.
+and three routes: `GET /v1/policy_version`, `GET /v1/expert_load` (MoE token counts per expert, for `dockrl eplb`),
+and `dockrl_*` series beside vLLM's on `/metrics`.
 """
 from __future__ import annotations
 
@@ -106,6 +107,16 @@ def _dockrl_router(engine: RolloutEngine) -> APIRouter:
     async def policy_version() -> dict:
         """The policy version now serving (the trainer's weight version) and the served model."""
         return {"policy_version": engine.version, "model": engine.model_name}
+
+    @router.get("/v1/expert_load")
+    async def expert_load() -> JSONResponse:
+        """Tokens routed to each expert of each MoE layer since the replica started (input of `dockrl eplb`), and the
+        imbalance under generate_config.expert_map_path; 404 for a dense model, 409 for a compiled one (nothing counted)."""
+        if engine.moe_shape == (0, 0):
+            return _error(HTTPStatus.NOT_FOUND, "NotFoundError", f"{engine.model_name} has no MoE layers: no expert load")
+        if engine.expert_counting_off:
+            return _error(HTTPStatus.CONFLICT, "ConflictError", engine.expert_counting_off)
+        return JSONResponse(await engine.expert_load())
 
     return router
 

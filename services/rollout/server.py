@@ -17,6 +17,7 @@ from services.common.grpc_serving import advertised_address
 from services.common.log import log_event
 from services.common.ready_file import write_ready_file
 from services.rollout.engine import RolloutEngine
+from services.rollout.eplb import ExpertMapError
 from services.rollout.grpc_server import start_grpc_server
 from services.rollout.http_server import build_http_app
 from services.rollout.collective_receiver import CollectiveReceiver
@@ -63,6 +64,12 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
 
     # 1. the engine (vLLM spawns its engine-core and worker processes here)
     engine = RolloutEngine.start(options.model, cfg, options.served_model_name)
+    try:
+        await engine.start_expert_counting()
+    except ExpertMapError as exc:
+        log_event(log, "bad expert map; stopping this replica", level=logging.ERROR, error=str(exc))
+        engine.shutdown(timeout_s=DEAD_ENGINE_STOP_S)
+        return 2
     token = resolve_token(cfg.auth)
     spec = served_weight_spec(engine.model_path, cfg.generate_config.dtype)
     receiver, collective = WeightReceiver(engine, spec, token), CollectiveReceiver(engine, spec)

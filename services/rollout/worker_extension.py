@@ -18,7 +18,8 @@ register_backend()
 
 
 class WeightStagingExtension:
-    """collective_rpc methods: stage_bucket, commit_staged, discard_staged, weight_transfer_stats."""
+    """collective_rpc methods: stage_bucket, commit_staged, discard_staged, weight_transfer_stats, and for EPLB
+    start_expert_counting, expert_counts (services.rollout.expert_counter)."""
 
     def stage_bucket(self, data: bytes, tensors: list[tuple[str, str, list[int], int, int]]) -> int:
         """Keeps the bucket's tensors (name, dtype, shape, offset, nbytes) for the next commit; returns how many are staged."""
@@ -57,3 +58,17 @@ class WeightStagingExtension:
         """The last collective transfer's peak_extra_bytes (resident memory above the worker's level at its start),
         wait_s (waiting for the buckets' bytes) and load_s (loading and processing them)."""
         return self.weight_transfer_engine.stats
+
+    def start_expert_counting(self) -> tuple[int, int]:
+        """Starts counting the tokens routed to each expert; returns (MoE layers, experts per layer), (0, 0) if dense.
+
+        Called once the engine has started, so vLLM's start-up dummy runs are not counted.
+        """
+        from services.rollout.expert_counter import ExpertCounter
+
+        counter = self.__dict__["_dockrl_expert_counter"] = ExpertCounter()
+        return counter.attach(self.model_runner.model)
+
+    def expert_counts(self) -> list[list[int]]:
+        """Tokens routed to each expert since start_expert_counting, as [MoE layer][expert]."""
+        return self.__dict__["_dockrl_expert_counter"].read()

@@ -141,6 +141,8 @@ def test_config_is_frozen():
      r"pipeline_model_parallel_size = 4 does not divide rl_config\.actor_resource\.num_npus 2"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"expert_model_parallel_size": 0}},
      r"megatron_training\.expert_model_parallel_size: must be > 0, got 0"),
+    ({"rl_config": {"n_samples_per_prompt": 2}, "generate_config": {"expert_map_path": "map.json", "enforce_eager": False}},
+     r"generate_config\.expert_map_path: needs generate_config\.enforce_eager: true"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"architecture": "mixtral"}},
      r"init_model\.architecture: 'mixtral' is not one of qwen2, qwen2_moe, qwen3_moe"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"num_experts": 8}},

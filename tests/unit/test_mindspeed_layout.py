@@ -61,6 +61,18 @@ def test_every_change_is_listed():
         assert key in said, key
 
 
+def test_mindspeed_rls_eplb_keys_import(tmp_path):
+    """MindSpeed-RL's EPLB example (configs/grpo_deepseek_r1_671b_A3_eplb.yaml): generate_config.expert_map_path is the
+    same key here; its token-collection switches have no key, a replica always counts."""
+    path = _edit(_copy_fixture(tmp_path, "grpo_qwen25_7b"), lambda d: d["generate_config"].update(
+        eplb_token_collects=True, eplb_token_save_path="./json_file", expert_map_path="expert_map.json"))
+    translation = read_config_file(path)
+    assert translation.data["generate_config"]["expert_map_path"] == "expert_map.json"
+    dropped = [c for c in translation.changes if c.startswith("generate_config.eplb_token_")]
+    assert len(dropped) == 2 and all("GET /v1/expert_load" in c for c in dropped)
+    assert load_config(path).generate_config.expert_map_path == "expert_map.json"
+
+
 @pytest.mark.parametrize("edit, expected", [
     (lambda d: d.setdefault("ref_config", {}).update(tensor_model_parallel_size=2),
      "ref_config.tensor_model_parallel_size: 2 differs from the actor's 4"),
