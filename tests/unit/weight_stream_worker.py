@@ -3,39 +3,23 @@ tensor memory held at once while they stream, against gathering the whole model 
 
 Usage: torchrun --nproc-per-node N weight_stream_worker.py HF_DIR OUT_DIR TP PP EP BUCKET_MB
 Each rank writes OUT_DIR/rank{r}.pt: the names of each bucket yielded, the buckets' tensors merged, and the
-peak extra tensor bytes alive (measured, see live_tensor_bytes) while consuming the stream and while
+peak extra tensor bytes alive (measured: trainer_helpers.peak_extra_tensor_bytes) while consuming the stream and while
 consuming the same buckets cut from the whole gathered model.
 """
-import gc
 import pathlib
 import sys
 
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from trainer_helpers import peak_extra_tensor_bytes  # noqa: E402
 
 from services.common.weight_wire import DictBuckets  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.weights.gather import gather_hf_weights, stream_hf_weights  # noqa: E402
-
-
-def live_storages() -> dict[int, int]:
-    """Every live CPU tensor's storage (by address) and its bytes: what the garbage collector can see, wherever it is held."""
-    gc.collect()
-    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-            for t in gc.get_objects() if torch.is_tensor(t) and t.device.type == "cpu"}
-
-
-def peak_extra_bytes(make_buckets) -> int:
-    """The most bytes of tensor storage alive beyond those before `make_buckets()` was called, sampled as each
-    bucket arrives (the consumer holding it, the producer holding what it has gathered ahead)."""
-    before = live_storages().keys()
-    peak = 0
-    for bucket in make_buckets():
-        peak = max(peak, sum(n for ptr, n in live_storages().items() if ptr not in before))
-        del bucket
-    return peak
 
 
 def main() -> None:
@@ -48,9 +32,9 @@ def main() -> None:
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
     stream = stream_hf_weights(model, layout, bucket_mb)
     yielded = [dict(bucket) for bucket in stream]
-    peak_stream = peak_extra_bytes(lambda: stream_hf_weights(model, layout, bucket_mb))
+    peak_stream = peak_extra_tensor_bytes(lambda: stream_hf_weights(model, layout, bucket_mb))
     # The push before streaming: the whole model gathered, then cut into the same buckets.
-    peak_whole = peak_extra_bytes(lambda: DictBuckets(gather_hf_weights(model, layout), bucket_mb))
+    peak_whole = peak_extra_tensor_bytes(lambda: DictBuckets(gather_hf_weights(model, layout), bucket_mb))
     torch.save({"plan": stream.plan, "bucket_names": [list(b) for b in yielded],
                 "streamed": {name: t for b in yielded for name, t in b.items()},
                 "peak_stream": peak_stream, "peak_whole": peak_whole},
