@@ -120,6 +120,12 @@ class HfWeightStream:
         return next(iter(self._state.values())).device
 
 
+def take_part(stream: HfWeightStream | None) -> None:
+    """A rank's part of a gather whose buckets another rank pushes: its collectives, keeping no bucket (None: no part)."""
+    for _ in stream or ():
+        pass
+
+
 def model_state(model) -> dict[str, torch.Tensor]:
     """The model's tensors by megatron name, without megatron's _extra_state entries."""
     return {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
