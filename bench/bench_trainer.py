@@ -12,8 +12,11 @@ reduce and optimizer step of its share of every mini-batch) and reports:
 
 - Adam state bytes per rank (exp_avg and exp_avg_sq of the parameters it holds; in fp32 the main
   weights are the model's own, so nothing more): issue 25's goal, distributed / replicated at DP 2 <= 0.6;
-- the weight gather for a push (`gather_hf_weights`): the bytes it holds at once against the
-  model's size (it returns the whole model; the goal is about one bucket);
+- the weight gather for a push, streamed bucket by bucket (`stream_hf_weights`, buckets of 1/8 of the
+  model so it spans several): the most tensor bytes alive at once while a consumer takes its buckets
+  one by one (tests/unit/trainer_helpers.py's peak_extra_tensor_bytes: storages the garbage collector
+  sees, less those alive before), against the model's size and the bucket size; beside it, the same
+  measure of gathering the whole model first (`gather_hf_weights`, the push before streaming);
 - trained tokens/s of the whole job: DP 2 / DP 1 on the same batch.
 
 On this machine's 2 shared cores DP 2 runs one rank per core beside whatever else runs: the
@@ -35,6 +38,9 @@ import sys
 from common import REPO, build_model, machine_line, median, model_size, parser, progress, ratio, work_dir
 
 OPTIMIZER_STATE_GOAL = 0.6
+BUCKETS_PER_MODEL = 8  # the gather's bucket size is the model's / 8, so the model spans several buckets
+# About one bucket: the bucket a push holds plus the HF tensors of the one megatron tensor being converted.
+GATHER_PEAK_GOAL_BUCKETS = 2
 SAMPLES, MAX_LEN, MICRO = 64, 48, 8
 
 
@@ -52,7 +58,11 @@ def _worker(hf_dir: str, out: str, distributed: bool, updates: int) -> None:
     from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch
     from services.trainer.modeling.model import ModelLayout, build_model as build_megatron, destroy_parallel, init_parallel
     from services.trainer.modeling.optimizer import build_optimizer
-    from services.trainer.weights.gather import gather_hf_weights
+    from services.common.weight_wire import MIB, DictBuckets
+    from services.trainer.weights.gather import gather_hf_weights, stream_hf_weights
+
+    sys.path.insert(0, str(REPO / "tests" / "unit"))
+    from trainer_helpers import peak_extra_tensor_bytes
 
     torch.set_num_threads(1)
     init_parallel(1, 1)
@@ -84,12 +94,15 @@ def _worker(hf_dir: str, out: str, distributed: bool, updates: int) -> None:
                 state_bytes += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t) and t.dim())
     per_rank = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(per_rank, state_bytes)
-    gathered = gather_hf_weights(model, layout)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    bucket_mb = model_bytes / BUCKETS_PER_MODEL / MIB
+    stream_peak = peak_extra_tensor_bytes(lambda: stream_hf_weights(model, layout, bucket_mb))
+    whole_peak = peak_extra_tensor_bytes(lambda: DictBuckets(gather_hf_weights(model, layout), bucket_mb))
     if torch.distributed.get_rank() == 0:
-        model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         pathlib.Path(out).write_text(json.dumps({
             "update_s": median(seconds), "tokens": int(samples.sequence_lengths.sum()), "state_bytes": per_rank,
-            "gather_bytes": sum(t.numel() * t.element_size() for t in gathered.values()), "model_bytes": model_bytes,
+            "stream_peak_bytes": stream_peak, "whole_peak_bytes": whole_peak, "bucket_bytes": int(bucket_mb * MIB),
+            "model_bytes": model_bytes,
         }))
     destroy_parallel()
 
@@ -135,8 +148,12 @@ def main() -> None:
     print(f"Adam state per rank at DP 2: distributed {distributed / 2**20:.2f} MiB, replicated {replicated / 2**20:.2f} MiB; "
           f"DP 1 {last['dp1']['state_bytes'][0] / 2**20:.2f} MiB")
     ratio("optimizer state per rank distributed / replicated at DP 2", distributed / replicated, at_most=OPTIMIZER_STATE_GOAL)
-    print(f"weight gather holds {last['dp1']['gather_bytes'] / 2**20:.2f} MiB of a {last['dp1']['model_bytes'] / 2**20:.2f} MiB model")
-    ratio("weight gather peak / model size", last["dp1"]["gather_bytes"] / last["dp1"]["model_bytes"])
+    gather = last["dp1"]
+    print(f"weight gather holds at most {gather['stream_peak_bytes'] / 2**20:.2f} MiB streamed in {gather['bucket_bytes'] / 2**20:.2f} MiB "
+          f"buckets, {gather['whole_peak_bytes'] / 2**20:.2f} MiB gathering the whole model first, of a {gather['model_bytes'] / 2**20:.2f} MiB model")
+    ratio("weight gather peak / model size", gather["stream_peak_bytes"] / gather["model_bytes"],
+          at_most=GATHER_PEAK_GOAL_BUCKETS / BUCKETS_PER_MODEL)
+    ratio("weight gather peak / bucket size", gather["stream_peak_bytes"] / gather["bucket_bytes"], at_most=GATHER_PEAK_GOAL_BUCKETS)
     speedups = [(r2["tokens"] / r2["update_s"]) / (r1["tokens"] / r1["update_s"]) for r1, r2 in zip(results["dp1"], results["dp2"])]
     print("update s (median over repetitions): " + ", ".join(f"{n} {median([x['update_s'] for x in r]):.3f}" for n, r in results.items()))
     ratio("trained tokens/s DP 2 / DP 1", median(speedups))

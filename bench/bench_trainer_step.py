@@ -180,7 +180,7 @@ def profile_step(session, batch, steps: int) -> None:
             with record_function("train step"):
                 session.train_step(batch, 2 + i)
             with record_function("weight gather"):
-                session.gather_weights()
+                session.take_part_in_weight_gather()
     totals = {e.key: e.cpu_time_total / 1e3 / steps for e in prof.key_averages()}
     step = totals["train step"]
     print(f"\nwhere dockrl's step goes (torch.profiler, {steps} steps, ms per step; the profiler adds its own overhead):")
@@ -236,7 +236,7 @@ def main() -> int:
 
         def gather() -> float:
             start = time.perf_counter()
-            session.gather_weights()
+            session.take_part_in_weight_gather()
             return time.perf_counter() - start
 
         times = interleaved({"dockrl": dockrl_step, "plain": plain_step, "gather": gather}, reps, warmups=2, label="steps: ")

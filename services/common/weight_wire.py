@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -90,6 +91,48 @@ def plan_buckets(tensors: Mapping[str, torch.Tensor], bucket_mb: float, dtype: t
             buckets.append([name])
             size = nbytes
     return buckets
+
+
+@runtime_checkable
+class BucketSource(Protocol):
+    """A push's tensors, planned into buckets ahead of their bytes, then produced one bucket at a time.
+
+    `specs` holds every tensor's name, shape and dtype in order (tensors on the meta device will do), so
+    both push paths can describe every bucket before the first one's bytes exist; iterating yields each
+    bucket of `plan` as {name: tensor}, in order, so a push holds one bucket rather than the whole model.
+    """
+
+    specs: Mapping[str, torch.Tensor]
+    plan: list[list[str]]
+    bucket_mb: float
+    dtype: torch.dtype | None
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]: ...
+
+
+class DictBuckets:
+    """A BucketSource over tensors already in memory (a checkpoint, a test's tensors)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor], bucket_mb: float, dtype: torch.dtype | None = None):
+        self.specs = tensors
+        self.plan = plan_buckets(tensors, bucket_mb, dtype)
+        self.bucket_mb = bucket_mb
+        self.dtype = dtype
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for names in self.plan:
+            yield {name: self.specs[name] for name in names}
+
+
+def as_buckets(weights: Mapping[str, torch.Tensor] | BucketSource, bucket_mb: float, dtype: torch.dtype | None) -> BucketSource:
+    """`weights` as a BucketSource for a push with these settings; a source planned with other settings is refused
+    (its buckets would not be the push's)."""
+    if not isinstance(weights, BucketSource):
+        return DictBuckets(weights, bucket_mb, dtype)
+    if (weights.bucket_mb, weights.dtype) != (bucket_mb, dtype):
+        raise ValueError(f"weights: planned for {weights.bucket_mb} MiB buckets in {weights.dtype}, "
+                         f"the push sends {bucket_mb} MiB buckets in {dtype}")
+    return weights
 
 
 def _cast_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.dtype:

@@ -34,7 +34,7 @@ EXPECTED = {
                      "dockrl / single-process reference iteration time"],
     "bench_trainer_step.py": ["dockrl / plain train step time"],
     "bench_trainer.py": ["optimizer state per rank distributed / replicated at DP 2", "weight gather peak / model size",
-                         "trained tokens/s DP 2 / DP 1"],
+                         "weight gather peak / bucket size", "trained tokens/s DP 2 / DP 1"],
     "bench_async.py": ["trained samples/s eta 1 / eta 0",
                        "predicted eta >= 1 / eta 0 with rollout and trainer on their own devices"],
     "trainer_logprobs.py": ["packed / padded log-prob pass time"],

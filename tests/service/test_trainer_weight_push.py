@@ -1,5 +1,6 @@
 """Weight push from the megatron model to real rollout replicas (vLLM): over gRPC (chain and fan-out) and
-over the collective path (gloo groups, gRPC control).
+over the collective path (gloo groups, gRPC control), each consuming the streamed gather (HfWeightStream)
+bucket by bucket as the trainer's push does.
 
 The check is the one DESIGN.md asks every run to log: after a push, the rollout's log-probs of its
 own samples match the trainer's to 1e-3 (train_rollout_logprob_diff).
@@ -20,7 +21,7 @@ from trainer_helpers import megatron_tp1, tiny_hf_model  # noqa: E402
 
 from services.common.pb import rollout_pb2, rollout_pb2_grpc  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
+from services.trainer.weights.gather import stream_hf_weights  # noqa: E402
 from services.trainer.weights.collective_push import CollectiveSender  # noqa: E402
 from services.trainer.weights.weight_push import push_weights  # noqa: E402
 
@@ -88,10 +89,10 @@ def logprob_diff(model, tokens, rollout_logprobs) -> float:
 def test_push_makes_rollout_match_the_trainer(replicas, trained, mode, version):
     _, addresses = replicas
     model, layout = trained
-    result = push_weights(gather_hf_weights(model, layout), addresses, version, bucket_mb=0.25, mode=mode,
-                          max_message_bytes=256 * 1024)
-    assert result.failed == () and result.replicas_updated == 2 and result.num_buckets > 1
-    assert result.bytes_sent == sum(t.numel() * 4 for t in gather_hf_weights(model, layout).values())
+    stream = stream_hf_weights(model, layout, bucket_mb=0.25)
+    result = push_weights(stream, addresses, version, bucket_mb=0.25, mode=mode, max_message_bytes=256 * 1024)
+    assert result.failed == () and result.replicas_updated == 2 and result.num_buckets == len(stream.plan) > 1
+    assert result.bytes_sent == sum(t.numel() * 4 for t in stream.specs.values())
     for address in addresses:
         tokens, rollout_logprobs, served_version = sample(address)
         assert served_version == version
@@ -101,11 +102,10 @@ def test_push_makes_rollout_match_the_trainer(replicas, trained, mode, version):
 def test_a_collective_push_makes_rollout_match_the_trainer(replicas, trained):
     _, addresses = replicas
     model, layout = trained
-    weights = gather_hf_weights(model, layout)
     version = max(sample(a)[2] for a in addresses) + 1
     sender = CollectiveSender(token="", stall_s=60.0, host="127.0.0.1")
     try:
-        result = sender.push(weights, addresses, version, bucket_mb=0.25)
+        result = sender.push(stream_hf_weights(model, layout, bucket_mb=0.25), addresses, version, bucket_mb=0.25)
     finally:
         sender.close()
     assert result.failed == () and result.replicas_updated == 2 and result.num_buckets > 1
@@ -119,7 +119,14 @@ def test_a_refused_push_is_reported_and_leaves_the_served_version(replicas, trai
     _, addresses = replicas
     model, layout = trained
     before = sample(addresses[0])[2]
-    result = push_weights(gather_hf_weights(model, layout), addresses[:1], before + 1, bucket_mb=0.25, dtype=torch.bfloat16)
+    result = push_weights(stream_hf_weights(model, layout, 0.25, torch.bfloat16), addresses[:1], before + 1, bucket_mb=0.25,
+                          dtype=torch.bfloat16)
     assert result.replicas_updated == 0
     assert len(result.failed) == 1 and "INVALID_ARGUMENT" in result.failed[0] and "dtype" in result.failed[0]
     assert sample(addresses[0])[2] == before
+
+
+def test_a_stream_planned_for_other_buckets_is_refused(trained):
+    model, layout = trained
+    with pytest.raises(ValueError, match="planned for 0.25 MiB buckets"):
+        push_weights(stream_hf_weights(model, layout, bucket_mb=0.25), ["127.0.0.1:1"], 1, bucket_mb=1)

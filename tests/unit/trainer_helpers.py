@@ -1,6 +1,8 @@
-"""Shared pieces of the trainer tests: a tiny HF model with informative weights, random batches, torchrun ranks."""
+"""Shared pieces of the trainer tests: a tiny HF model with informative weights, random batches, torchrun ranks, and the
+measure of tensor memory a streamed weight gather holds (bench/bench_trainer.py uses it too)."""
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
 import socket
@@ -83,3 +85,22 @@ def torchrun_ranks(worker: pathlib.Path, ranks: int, hf_dir: pathlib.Path, out: 
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
+
+
+def _live_cpu_storages() -> dict[int, int]:
+    """Every live CPU tensor's storage (by address) and its bytes: what the garbage collector sees, wherever it is held."""
+    gc.collect()
+    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in gc.get_objects() if torch.is_tensor(t) and t.device.type == "cpu"}
+
+
+def peak_extra_tensor_bytes(make_buckets) -> int:
+    """The most bytes of CPU tensor storage alive beyond those alive before `make_buckets()` was called, sampled as
+    each bucket arrives (the consumer holding it, the producer holding what it has gathered ahead); each bucket is
+    dropped before the next, as a push does. Tensors that alias storage alive before (the model's own) count nothing."""
+    before = _live_cpu_storages().keys()
+    peak = 0
+    for bucket in make_buckets():
+        peak = max(peak, sum(n for ptr, n in _live_cpu_storages().items() if ptr not in before))
+        del bucket
+    return peak

@@ -35,6 +35,7 @@ from services.trainer.loop.profiling import StepProfiler
 from services.trainer.loop.run_leader import RunLeader
 from services.trainer.loop.session import TrainerSession
 from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
+from services.trainer.weights.gather import take_part
 
 
 def _report_lost_dock(logger, session: TrainerSession, exc: DockMissing) -> None:
@@ -61,17 +62,18 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         log_event(logger, "prompts over rl_config.max_prompt_length left out", count=over_limit, kept=len(prompts))
     session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
     model_ready = time.perf_counter()
-    leader = RunLeader(cfg, token, prompts, session.prompt_cursor, resume, over_limit) if session.is_leader else None
+    leader = (RunLeader(cfg, token, prompts, session.prompt_cursor, resume, over_limit, session.request_weight_stream)
+              if session.is_leader else None)
     profiler = StepProfiler.from_config(cfg, dist.get_rank() if dist.is_initialized() else 0)
     try:
-        weights = session.gather_weights()  # a collective: every rank takes part
         before: dict[str, float] = {}
         if leader:
-            waiting_s, push_s, before = leader.start(weights, session.version, session.step)
+            waiting_s, push_s, before = leader.start(session.version, session.step)
             # Where the trainer's start-up goes; rollout replicas start alongside, so waiting for one is vLLM's start left over.
             log_event(logger, "start-up", imports_s=f"{imported:.1f}", model_s=f"{model_ready - started:.1f}",
                       waiting_for_rollout_s=f"{waiting_s:.1f}", first_push_s=f"{push_s:.1f}",
                       total_s=f"{imported + time.perf_counter() - started:.1f}")
+        session.broadcast(None)  # the other ranks take part in the start's weight gathers until rank 0 is through
         first_step = session.step + 1
         for step in range(first_step, mt.train_iters + 1):
             session.control.wait_while_paused()
@@ -115,11 +117,13 @@ def _iteration(session: TrainerSession, leader: RunLeader | None, step: int) -> 
     metrics.update(session.train_step(batch, step))  # log-probs, advantages, the policy (and critic) update
     t_train = time.perf_counter()
     session.control.set_state("push")
-    with record_function("weight_gather"):
-        weights = session.gather_weights()
-    if leader:
-        with record_function("weight_push"):
+    with record_function("weight_gather"):  # plans the buckets; the gather itself streams into the push, bucket by bucket
+        weights = session.weight_stream()
+    with record_function("weight_push"):
+        if leader:
             metrics.update(leader.publish(weights, batch, session.version + 1))
+        else:
+            take_part(weights)
     session.version += 1
     t_push = time.perf_counter()
     session.step = step

@@ -10,11 +10,13 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import redis
 
 from services.common.config import Config
 from services.common.log import log_event
+from services.common.weight_wire import BucketSource
 from services.common.preprocess import PromptRecord, load_prompts
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
@@ -36,7 +38,7 @@ class RunLeader:
     weights, evaluate, and record every step."""
 
     def __init__(self, cfg: Config, token: str, prompts: list[PromptRecord], prompt_cursor: int, resume: bool,
-                 prompts_over_limit: int = 0):
+                 prompts_over_limit: int, current_weights: Callable[[], BucketSource]):
         self.cfg = cfg
         self.prompts = {"trained_from": len(prompts), "over_max_prompt_length": prompts_over_limit}
         self.token = token
@@ -50,16 +52,17 @@ class RunLeader:
         self.sync = ReplicaSync(cfg, ReplicaRegistry(self.dock.client, self.dock.keys, cfg.rollout.heartbeat_ttl_s), token)
         self.timeline = Timeline(self.dock.client, self.dock.keys)
         self.accounting = RunAccounting()
-        self.weights: dict = {}  # the policy the replicas should serve (for replicas that join later)
+        # The model's weights streamed afresh, every rank taking part, for replicas that lack the version it serves
+        # (joined late, or missed a push): outside an update the model holds that version, so nothing is kept.
+        self.current_weights = current_weights
 
-    def start(self, weights: dict, version: int, step: int) -> tuple[float, float, dict[str, float]]:
-        """Waits for a rollout replica, pushes `weights` to every replica that lacks `version`, and
+    def start(self, version: int, step: int) -> tuple[float, float, dict[str, float]]:
+        """Waits for a rollout replica, pushes the model's weights to every replica that lacks `version`, and
         evaluates; returns (seconds waiting for a replica, seconds pushing, accuracies)."""
-        self.weights = weights
         waiting = time.perf_counter()
         self.sync.wait_for_replicas(timeout_s=600.0)
         ready = time.perf_counter()
-        self.sync.push_to_stale(weights, version)
+        self.sync.push_to_stale(self.current_weights, version)
         pushed = time.perf_counter()
         return ready - waiting, pushed - ready, self.evaluate(step, version)
 
@@ -69,18 +72,18 @@ class RunLeader:
         mt = self.cfg.megatron_training
         books = self.accounting
         self.dock.set_policy_version(version)
-        self.sync.push_to_stale(self.weights, version)  # replicas that joined since the last push
+        self.sync.push_to_stale(self.current_weights, version)  # replicas that joined since the last push
         stale, failed = books.rows_stale, books.rows_failed
         batch, metrics = collect_iteration(self.dock, self.stream, books, self.cfg, version,
                                            groups_left=(mt.train_iters - step + 1) * mt.global_batch_size,
-                                           on_wait=lambda seconds: self.sync.push_to_stale(self.weights, version))
+                                           on_wait=lambda seconds: self.sync.push_to_stale(self.current_weights, version))
         metrics["policy_lag/stale_rows_dropped"] = books.rows_stale - stale
         metrics["rollout/failed_rows_dropped"] = books.rows_failed - failed
         return batch, metrics
 
-    def publish(self, weights: dict, batch: ScoredBatch, version: int) -> dict[str, float]:
-        """Pushes the updated policy as `version` to every live replica and releases the trained rows."""
-        self.weights = weights
+    def publish(self, weights: BucketSource, batch: ScoredBatch, version: int) -> dict[str, float]:
+        """Pushes the updated policy (streamed: the other ranks take part) as `version` to every live replica and
+        releases the trained rows."""
         push = self.sync.push_all(weights, version)
         ack_batch(self.dock, batch)
         return {"weight_sync/bytes": push.bytes_sent, "weight_sync/replicas": push.replicas_updated}

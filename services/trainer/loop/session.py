@@ -31,7 +31,14 @@ from services.trainer.modeling.model import ModelLayout, build_model, destroy_pa
 from services.trainer.loop.server import start_server
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
-from services.trainer.weights.gather import gather_hf_weights
+from services.common.weight_wire import torch_dtype
+from services.trainer.weights.gather import HfWeightStream, stream_hf_weights, take_part
+
+
+@dataclass(frozen=True)
+class _StreamWeights:
+    """Rank 0's request, sent where the other ranks wait for a batch: take part in a gather of the current weights
+    (a push to replicas that lack them)."""
 
 
 def _world() -> tuple[int, int]:
@@ -156,14 +163,27 @@ class TrainerSession:
         return _world()[0] == 0
 
     def broadcast(self, obj):
-        """Rank 0's `obj` on every rank."""
+        """Rank 0's `obj` on every rank; while waiting for it the other ranks take part in the weight gathers rank 0
+        asks for (request_weight_stream)."""
         import torch.distributed as dist
 
         if _world()[1] == 1:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        while True:
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            if not isinstance(box[0], _StreamWeights):
+                return box[0]
+            self.take_part_in_weight_gather()
+
+    def request_weight_stream(self) -> HfWeightStream:
+        """Rank 0 only, where the other ranks wait in `broadcast`: the current weights' stream, every rank taking part
+        (a push to replicas that joined late or missed a push, outside the iteration's own gather)."""
+        import torch.distributed as dist
+
+        if _world()[1] > 1:
+            dist.broadcast_object_list([_StreamWeights()], src=0)
+        return self.weight_stream()
 
     def train_step(self, batch: ScoredBatch, step: int) -> dict[str, float]:
         """Advantages, log-probs and the policy update on one iteration's batch; returns its metrics."""
@@ -214,17 +234,21 @@ class TrainerSession:
         metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
         return metrics
 
-    def gather_weights(self) -> dict[str, torch.Tensor]:
-        """The policy in HF names (a collective over the TP and PP ranks of data-parallel rank 0, which holds
-        rank 0, the one that pushes); empty on the other data-parallel ranks, whose copy is the same. With expert
-        parallel every rank takes part: the experts are split over data-parallel ranks."""
+    def weight_stream(self) -> HfWeightStream | None:
+        """The policy in HF names, one push bucket at a time (trainer.bucket_mb, in the replicas' dtype): a collective
+        over the TP and PP ranks of data-parallel rank 0, which holds rank 0, the one that pushes; None on the other
+        data-parallel ranks, whose copy is the same. With expert parallel every rank takes part: the experts are
+        split over data-parallel ranks. Each rank that gets a stream iterates it to the end: rank 0 by pushing it,
+        the others through take_part_in_weight_gather."""
         from megatron.core import parallel_state
 
-        first = data_parallel_rank_size()[0] == 0
-        if not first and parallel_state.get_expert_model_parallel_world_size() == 1:
-            return {}
-        weights = gather_hf_weights(self.model, self.layout)
-        return weights if first else {}
+        if data_parallel_rank_size()[0] != 0 and parallel_state.get_expert_model_parallel_world_size() == 1:
+            return None
+        return stream_hf_weights(self.model, self.layout, self.cfg.trainer.bucket_mb, torch_dtype(self.cfg.generate_config.dtype))
+
+    def take_part_in_weight_gather(self) -> None:
+        """This rank's part of a weight gather whose buckets rank 0 pushes: its collectives, keeping no bucket."""
+        take_part(self.weight_stream())
 
     def _train_state(self) -> TrainState:
         epoch, index = divmod(self.prompt_cursor, self.num_prompts)

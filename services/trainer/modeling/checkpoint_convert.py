@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import torch
 
@@ -125,33 +126,61 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: ModelLayout, tp: int 
     return out
 
 
-def megatron_to_hf(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], layout: ModelLayout) -> dict[str, torch.Tensor]:
-    """Merges per-(pp_rank, tp_rank) megatron state dicts (or gradients) back into HF names."""
-    pp = 1 + max(p for p, _ in shards)
-    tp = 1 + max(t for _, t in shards)
+@dataclass(frozen=True)
+class HfConversion:
+    """One megatron tensor of pipeline stage `pp_rank` and the HF tensors it becomes: the smallest unit the
+    conversion works on, so a weight push can gather and convert the model one tensor at a time."""
 
-    def gather(p: int, name: str, dim: int) -> torch.Tensor:
-        return torch.cat([shards[(p, t)][name] for t in range(tp)], dim=dim)
+    pp_rank: int
+    name: str  # megatron name, local to the stage
+    tp_split: bool  # split over TP ranks (else every TP rank holds it whole and TP rank 0's copy is used)
+    to_hf: Callable[[list[torch.Tensor]], dict[str, torch.Tensor]]  # the TP ranks' parts (one when not split) -> HF tensors
 
-    hf: dict[str, torch.Tensor] = {"model.embed_tokens.weight": gather(0, "embedding.word_embeddings.weight", 0)}
+
+def hf_conversions(layout: ModelLayout, pp: int) -> list[HfConversion]:
+    """Every megatron tensor a tp x pp split holds that has an HF counterpart, in HF checkpoint order."""
+    def cat(hf_name: str, dim: int):
+        return lambda parts: {hf_name: torch.cat(parts, dim=dim)}
+
+    def whole(hf_name: str):
+        return lambda parts: {hf_name: parts[0]}
+
+    def qkv(dst: str, kind: str):
+        return lambda parts: dict(zip((f"{dst}self_attn.{x}_proj.{kind}" for x in "qkv"), _split_qkv(parts, layout)))
+
+    def gate_up(dst: str):
+        def split(parts: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+            halves = [part.chunk(2, dim=0) for part in parts]
+            return {f"{dst}gate_proj.weight": torch.cat([g for g, _ in halves], dim=0),
+                    f"{dst}up_proj.weight": torch.cat([u for _, u in halves], dim=0)}
+        return split
+
+    plan = [HfConversion(0, "embedding.word_embeddings.weight", True, cat("model.embed_tokens.weight", 0))]
     for p in range(pp):
         for local, i in enumerate(_layers_of_stage(layout, pp, p)):
             src, dst = f"decoder.layers.{local}.", f"model.layers.{i}."
             for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
-                q, k, v = _split_qkv([shards[(p, t)][f"{src}self_attention.linear_qkv.{kind}"] for t in range(tp)], layout)
-                hf.update({f"{dst}self_attn.q_proj.{kind}": q, f"{dst}self_attn.k_proj.{kind}": k, f"{dst}self_attn.v_proj.{kind}": v})
+                plan.append(HfConversion(p, f"{src}self_attention.linear_qkv.{kind}", True, qkv(dst, kind)))
             for hf_mlp, mg_mlp in _mlps(layout):
-                gate_up = [shards[(p, t)][f"{src}{mg_mlp}linear_fc1.weight"].chunk(2, dim=0) for t in range(tp)]
-                hf[f"{dst}{hf_mlp}gate_proj.weight"] = torch.cat([g for g, _ in gate_up], dim=0)
-                hf[f"{dst}{hf_mlp}up_proj.weight"] = torch.cat([u for _, u in gate_up], dim=0)
-                hf[f"{dst}{hf_mlp}down_proj.weight"] = gather(p, f"{src}{mg_mlp}linear_fc2.weight", 1)
+                plan.append(HfConversion(p, f"{src}{mg_mlp}linear_fc1.weight", True, gate_up(dst + hf_mlp)))
+                plan.append(HfConversion(p, f"{src}{mg_mlp}linear_fc2.weight", True, cat(f"{dst}{hf_mlp}down_proj.weight", 1)))
             for hf_name, mg_name in _LAYER_ROW_PARALLEL.items():
-                hf[dst + hf_name] = gather(p, src + mg_name, 1)
+                plan.append(HfConversion(p, src + mg_name, True, cat(dst + hf_name, 1)))
             for hf_name, mg_name in _replicated(layout).items():
-                hf[dst + hf_name] = shards[(p, 0)][src + mg_name]
-    hf["model.norm.weight"] = shards[(pp - 1, 0)]["decoder.final_layernorm.weight"]
+                plan.append(HfConversion(p, src + mg_name, False, whole(dst + hf_name)))
+    plan.append(HfConversion(pp - 1, "decoder.final_layernorm.weight", False, whole("model.norm.weight")))
     if not layout.tie_word_embeddings:
-        hf["lm_head.weight"] = gather(pp - 1, "output_layer.weight", 0)
+        plan.append(HfConversion(pp - 1, "output_layer.weight", True, cat("lm_head.weight", 0)))
+    return plan
+
+
+def megatron_to_hf(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], layout: ModelLayout) -> dict[str, torch.Tensor]:
+    """Merges per-(pp_rank, tp_rank) megatron state dicts (or gradients) back into HF names."""
+    pp = 1 + max(p for p, _ in shards)
+    tp = 1 + max(t for _, t in shards)
+    hf: dict[str, torch.Tensor] = {}
+    for c in hf_conversions(layout, pp):
+        hf.update(c.to_hf([shards[(c.pp_rank, t)][c.name] for t in (range(tp) if c.tp_split else (0,))]))
     return hf
 
 
@@ -167,6 +196,13 @@ def _expert_index(name: str) -> tuple[str, int, str] | None:
 def is_expert_tensor(name: str) -> bool:
     """Whether a megatron name is a routed expert's (split over expert-parallel ranks)."""
     return _EXPERTS in name
+
+
+def expert_owner(name: str, layout: ModelLayout, ep: int) -> tuple[int, str]:
+    """(expert-parallel rank holding it, its local megatron name there) of a routed expert's globally numbered name."""
+    prefix, number, rest = _expert_index(name)
+    local = layout.num_experts // ep
+    return number // local, f"{prefix}{number % local}.{rest}"
 
 
 def expert_parallel_part(shard: Mapping[str, torch.Tensor], layout: ModelLayout, ep: int, ep_rank: int) -> dict[str, torch.Tensor]:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 
-from services.common.weight_wire import TensorSlot, bucket_slots, pack_into, plan_buckets
+from services.common.weight_wire import BucketSource, TensorSlot, as_buckets, bucket_slots, pack_into
 from services.trainer.weights.weight_push import PushResult, describe_rpc_error
 
 TRAINER_RANK = 0
@@ -56,24 +56,30 @@ class CollectiveSender:
         # timeout; collecting one before would wait for that
         self._abandoned: list[object] = []
 
-    def push(self, tensors: Mapping[str, torch.Tensor], addresses: list[str], version: int, *, bucket_mb: float,
+    def push(self, tensors: Mapping[str, torch.Tensor] | BucketSource, addresses: list[str], version: int, *, bucket_mb: float,
              dtype: torch.dtype | None = None) -> PushResult:
-        """Pushes HF-named `tensors` as `version` to `addresses` (host:port); replicas that fail or stall are listed, the others updated."""
+        """Pushes HF-named `tensors` as `version` to `addresses` (host:port); replicas that fail or stall are listed, the others updated.
+
+        `tensors` is a dict, or a BucketSource planned with `bucket_mb` and `dtype` (HfWeightStream: the trainer's
+        gather, one bucket at a time), iterated to its end even when every replica failed (the other ranks
+        take part in its collectives).
+        """
         if not addresses:
             raise ValueError("addresses: no rollout replica to push to")
         start = time.perf_counter()
         failed: dict[str, str] = {}
         self._join_missing(addresses, failed)
-        plan = plan_buckets(tensors, bucket_mb, dtype)
-        layouts = [bucket_slots(tensors, names, dtype) for names in plan]
+        source = as_buckets(tensors, bucket_mb, dtype)
+        layouts = [bucket_slots(source.specs, names, dtype) for names in source.plan]
         calls = self._open([a for a in addresses if a not in failed], version, layouts)
-        first = _pack(tensors, layouts[0])  # while the replicas check the layout and pause
+        buckets = iter(source)
+        first = _pack(next(buckets), layouts[0])  # while the replicas check the layout and pause
         live = _answered(calls, "OpenWeightTransfer", failed)
-        sent = self._broadcast(tensors, layouts, first, live, failed)
+        sent = self._broadcast(buckets, layouts, first, live, failed)
         updated, peak = self._finish(live, version, failed)
         for address in failed:
             self._drop(address)
-        return PushResult(version, sent, time.perf_counter() - start, len(plan), updated,
+        return PushResult(version, sent, time.perf_counter() - start, len(layouts), updated,
                           tuple(f"{a}: {reason}" for a, reason in failed.items()), peak)
 
     def close(self) -> None:
@@ -128,17 +134,21 @@ class CollectiveSender:
         metadata = bearer_metadata(self.token) or None
         return {a: self._members[a].stub.OpenWeightTransfer.future(request, timeout=self.stall_s, metadata=metadata) for a in addresses}
 
-    def _broadcast(self, tensors: Mapping[str, torch.Tensor], layouts: list[tuple[tuple[TensorSlot, ...], int]],
+    def _broadcast(self, buckets: Iterator[dict[str, torch.Tensor]], layouts: list[tuple[tuple[TensorSlot, ...], int]],
                    first: torch.Tensor, live: list[str], failed: dict[str, str]) -> int:
-        """Sends every bucket (the first already packed) on every live group; returns the bytes of one copy of the buckets sent."""
+        """Sends every bucket (the first already packed, the rest from `buckets`) on every live group; returns the
+        bytes of one copy of the buckets sent. `buckets` is drained even when no replica is left: the other
+        ranks take part in the gather behind it."""
         sent = 0
         nxt = first
         for index in range(len(layouts)):
             if not live:
+                for _ in buckets:
+                    pass
                 break
             flat = nxt
             works = {a: self._members[a].group.broadcast(flat, TRAINER_RANK) for a in live}
-            nxt = _pack(tensors, layouts[index + 1]) if index + 1 < len(layouts) else None  # while the bytes are on the wire
+            nxt = _pack(next(buckets), layouts[index + 1]) if index + 1 < len(layouts) else None  # while the bytes are on the wire
             for address, work in works.items():
                 try:
                     work.wait(timedelta(seconds=self.stall_s))

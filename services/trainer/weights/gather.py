@@ -1,61 +1,146 @@
-"""The policy's weights in Hugging Face names for a push: experts gathered over EP, TP shards within each stage, then
-stages across PP.
+"""The policy's weights in Hugging Face names for a push, gathered bucket by bucket: experts over EP, TP shards
+within each stage, then stages across PP, one megatron tensor at a time.
 
-The bucket format they are packed into is services/common/weight_wire.py's, shared with the replicas.
+`HfWeightStream` plans the buckets from the tensors' shapes alone, then yields one bucket of gathered HF
+tensors at a time, so no rank holds more than about one bucket (plus the one megatron tensor being
+converted) whatever the model's size. The bucket format they are packed into is
+services/common/weight_wire.py's, shared with the replicas.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
+
+from services.common.weight_wire import plan_buckets
+from services.trainer.modeling.checkpoint_convert import HfConversion, expert_owner, hf_conversions, is_expert_tensor
+
+# gather_hf_tensors merges every bucket, so their size only sets how often the merge happens
+WHOLE_GATHER_BUCKET_MB = 64
+
+
+class HfWeightStream:
+    """`state` (this rank's tensors by megatron name) gathered from every rank into HF names, one bucket at a time.
+
+    A collective: every rank of the model's TP, PP and EP groups builds it and iterates it to the end, in
+    step; each gets the same buckets. Floating tensors are cast to `dtype` when given (the rollout's), so a
+    bucket held is the size it travels at. A BucketSource for push_weights and CollectiveSender.push.
+    """
+
+    def __init__(self, state: dict[str, torch.Tensor], layout, bucket_mb: float, dtype: torch.dtype | None = None):
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        self.bucket_mb, self.dtype = bucket_mb, dtype
+        self._state = state
+        self._layout = layout
+        self._tp = ps.get_tensor_model_parallel_world_size()
+        self._pp = ps.get_pipeline_model_parallel_world_size()
+        self._ep = ps.get_expert_model_parallel_world_size()
+        self._pp_rank = ps.get_pipeline_model_parallel_rank()
+        self._conversions = hf_conversions(layout, self._pp)
+        # Each stage's tensor shapes (metadata only): the other stages' ranks receive into buffers of these.
+        shapes = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
+        self._stage_shapes = [shapes]
+        if self._pp > 1:
+            self._stage_shapes = [None] * self._pp
+            dist.all_gather_object(self._stage_shapes, shapes, group=ps.get_pipeline_model_parallel_group())
+        self.specs: dict[str, torch.Tensor] = {}
+        for c in self._conversions:  # the conversion itself, on meta tensors: HF names and shapes without data
+            self.specs.update({name: self._cast(t) for name, t in c.to_hf(self._meta_parts(c)).items()})
+        self.plan = plan_buckets(self.specs, bucket_mb)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Each bucket of `plan` as {HF name: CPU tensor}, in order."""
+        buckets = iter(self.plan)
+        names = next(buckets, None)
+        pending: dict[str, torch.Tensor] = {}
+        for c in self._conversions:
+            pending.update({name: self._cast(t).cpu() for name, t in c.to_hf(self._fetch(c)).items()})
+            # The conversions produce the HF tensors in plan order: a bucket is complete once its last name is in.
+            while names is not None and names[-1] in pending:
+                yield {name: pending.pop(name) for name in names}
+                names = next(buckets, None)
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
+
+    def _owner(self, c: HfConversion) -> tuple[int | None, str]:
+        """(expert-parallel rank holding `c`'s tensor, or None when every EP rank does; its name there)."""
+        if self._ep > 1 and is_expert_tensor(c.name):
+            return expert_owner(c.name, self._layout, self._ep)
+        return None, c.name
+
+    def _meta_parts(self, c: HfConversion) -> list[torch.Tensor]:
+        shape, dtype = self._stage_shapes[c.pp_rank][self._owner(c)[1]]
+        return [torch.empty(shape, dtype=dtype, device="meta")] * (self._tp if c.tp_split else 1)
+
+    def _fetch(self, c: HfConversion) -> list[torch.Tensor]:
+        """`c`'s tensor from every TP rank of its stage (TP rank 0's alone when not split), on every rank."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        shape, dtype = self._stage_shapes[c.pp_rank][self._owner(c)[1]]
+        if self._pp_rank == c.pp_rank:
+            parts = self._gather_within_stage(c)
+        else:
+            parts = [torch.empty(shape, dtype=dtype, device=self._device()) for _ in range(self._tp if c.tp_split else 1)]
+        if self._pp > 1:  # the owning stage's rank sends each part to the same TP rank of every other stage
+            group = ps.get_pipeline_model_parallel_group()
+            for part in parts:
+                dist.broadcast(part, dist.get_global_rank(group, c.pp_rank), group=group)
+        return parts
+
+    def _gather_within_stage(self, c: HfConversion) -> list[torch.Tensor]:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        owner, name = self._owner(c)
+        if owner is None:
+            tensor = self._state[name].detach().contiguous()
+        else:  # a routed expert: its EP rank sends it to the others (each holds the same-shaped local expert)
+            group = ps.get_expert_model_parallel_group()
+            mine = self._state[name].detach().contiguous()
+            tensor = mine if ps.get_expert_model_parallel_rank() == owner else torch.empty_like(mine)
+            dist.broadcast(tensor, dist.get_global_rank(group, owner), group=group)
+        if self._tp == 1:
+            return [tensor]
+        if not c.tp_split:  # the same on every TP rank: TP rank 0's copy, as a checkpoint's conversion takes it
+            group = ps.get_tensor_model_parallel_group()
+            copy = tensor if ps.get_tensor_model_parallel_rank() == 0 else torch.empty_like(tensor)
+            dist.broadcast(copy, dist.get_global_rank(group, 0), group=group)
+            return [copy]
+        # Routed experts split over the expert tensor-parallel group (megatron's default: as many ranks as TP).
+        group = ps.get_expert_tensor_parallel_group() if is_expert_tensor(c.name) else ps.get_tensor_model_parallel_group()
+        parts = [torch.empty_like(tensor) for _ in range(self._tp)]
+        dist.all_gather(parts, tensor, group=group)
+        return parts
+
+    def _device(self) -> torch.device:
+        return next(iter(self._state.values())).device
+
+
+def take_part(stream: HfWeightStream | None) -> None:
+    """A rank's part of a gather whose buckets another rank pushes: its collectives, keeping no bucket (None: no part)."""
+    for _ in stream or ():
+        pass
+
+
+def model_state(model) -> dict[str, torch.Tensor]:
+    """The model's tensors by megatron name, without megatron's _extra_state entries."""
+    return {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+
+
+def stream_hf_weights(model, layout, bucket_mb: float, dtype: torch.dtype | None = None) -> HfWeightStream:
+    """The model's weights in HF names, bucket by bucket (a collective: see HfWeightStream)."""
+    return HfWeightStream(model_state(model), layout, bucket_mb, dtype)
 
 
 def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
-    """The full model in HF names on every rank: experts gathered over EP, TP shards within each stage, then stages across PP."""
-    return gather_hf_tensors({k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state")}, layout)
+    """The full model in HF names on every rank (tests and checks that compare whole models; a push streams instead)."""
+    return gather_hf_tensors(model_state(model), layout)
 
 
 def gather_hf_tensors(state: dict[str, torch.Tensor], layout) -> dict[str, torch.Tensor]:
     """`state` (this rank's tensors by megatron name: its weights, or gradients) gathered from every rank into HF names."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from services.trainer.modeling.checkpoint_convert import is_expert_tensor, megatron_to_hf
-
-    tp = parallel_state.get_tensor_model_parallel_world_size()
-    pp = parallel_state.get_pipeline_model_parallel_world_size()
-    if parallel_state.get_expert_model_parallel_world_size() > 1:
-        state = _gather_experts(state, layout)
-    stage: dict[int, dict[str, torch.Tensor]] = {t: {} for t in range(tp)}
-    for name, tensor in state.items():
-        if tp == 1:
-            stage[0][name] = tensor.cpu()
-            continue
-        # Routed experts split over the expert tensor-parallel group (megatron's default: as many ranks as TP).
-        group = (parallel_state.get_expert_tensor_parallel_group() if is_expert_tensor(name)
-                 else parallel_state.get_tensor_model_parallel_group())
-        parts = [torch.empty_like(tensor) for _ in range(tp)]
-        dist.all_gather(parts, tensor.contiguous(), group=group)
-        for t in range(tp):
-            stage[t][name] = parts[t].cpu()
-    stages = [stage]
-    if pp > 1:
-        stages = [None] * pp
-        dist.all_gather_object(stages, stage, group=parallel_state.get_pipeline_model_parallel_group())
-    return megatron_to_hf({(p, t): stages[p][t] for p in range(pp) for t in range(tp)}, layout)
-
-
-def _gather_experts(state: dict[str, torch.Tensor], layout) -> dict[str, torch.Tensor]:
-    """Every expert-parallel rank's routed experts, numbered globally, with this rank's other tensors."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from services.trainer.modeling.checkpoint_convert import is_expert_tensor, merge_expert_parallel
-
-    ep = parallel_state.get_expert_model_parallel_world_size()
-    parts: list[dict[str, torch.Tensor]] = [{k: v for k, v in state.items() if not is_expert_tensor(k)}] + [{} for _ in range(ep - 1)]
-    for name, tensor in state.items():
-        if is_expert_tensor(name):
-            gathered = [torch.empty_like(tensor) for _ in range(ep)]
-            dist.all_gather(gathered, tensor.contiguous(), group=parallel_state.get_expert_model_parallel_group())
-            for rank, part in enumerate(gathered):
-                parts[rank][name] = part
-    return merge_expert_parallel(parts, layout)
+    return {name: t for bucket in HfWeightStream(state, layout, WHOLE_GATHER_BUCKET_MB) for name, t in bucket.items()}

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import logging
 import time
-
-import torch
+from collections.abc import Callable
 
 from services.common.config import Config
 from services.common.errors import Unavailable
 from services.common.log import log_event
-from services.common.weight_wire import torch_dtype
+from services.common.weight_wire import BucketSource, torch_dtype
 from services.dock.registry import ReplicaRegistry
 from services.trainer.weights.collective_push import CollectiveSender
 from services.trainer.weights.weight_push import PushResult, push_weights
@@ -50,7 +49,7 @@ class ReplicaSync:
             time.sleep(0.5)
         return addresses
 
-    def _push(self, weights: dict[str, torch.Tensor], addresses: list[str], version: int) -> PushResult:
+    def _push(self, weights: BucketSource, addresses: list[str], version: int) -> PushResult:
         tcfg = self._cfg.trainer
         if self._collective is not None:
             result = self._collective.push(weights, addresses, version, bucket_mb=tcfg.bucket_mb, dtype=self._dtype)
@@ -63,24 +62,26 @@ class ReplicaSync:
             log_event(logger, "replica missed the push", level=logging.WARNING, detail=failure)
         return result
 
-    def _push_to(self, weights: dict[str, torch.Tensor], replicas: list, version: int) -> PushResult:
+    def _push_to(self, weights: BucketSource, replicas: list, version: int) -> PushResult:
         result = self._push(weights, [r.address for r in replicas], version)
         failed = {f.split(": ", 1)[0] for f in result.failed}
         self._pushed.update({r.replica_id: version for r in replicas if r.address not in failed})
         return result
 
-    def push_all(self, weights: dict[str, torch.Tensor], version: int) -> PushResult:
-        """Pushes `version` to every live replica; raises when none took it."""
+    def push_all(self, weights: BucketSource, version: int) -> PushResult:
+        """Pushes `weights` (trainer.bucket_mb buckets in the replicas' dtype) as `version` to every live replica;
+        raises when none took it."""
         self.wait_for_replicas(timeout_s=60.0)
         result = self._push_to(weights, self._registry.live("rollout"), version)
         if result.replicas_updated == 0:
             raise Unavailable(f"weight push of version {version} reached no replica: {list(result.failed)}")
         return result
 
-    def push_to_stale(self, weights: dict[str, torch.Tensor], version: int) -> PushResult | None:
-        """Pushes `version` to the live replicas that serve another one (joined late, or missed a push)."""
+    def push_to_stale(self, weights: Callable[[], BucketSource], version: int) -> PushResult | None:
+        """Pushes `version` to the live replicas that serve another one (joined late, or missed a push); `weights`
+        streams them (a collective), called only when some replica needs them."""
         stale = [r for r in self._registry.live("rollout") if r.version != version and self._pushed.get(r.replica_id) != version]
-        return self._push_to(weights, stale, version) if stale else None
+        return self._push_to(weights(), stale, version) if stale else None
 
     def any_address(self) -> str:
         """One live rollout replica (the first by id), for evaluation calls."""

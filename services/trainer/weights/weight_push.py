@@ -20,7 +20,8 @@ from typing import Mapping
 
 import torch
 
-from services.common.weight_wire import DEFAULT_MAX_MESSAGE_BYTES, chunk_messages, pack_bucket, plan_buckets
+from services.common.weight_wire import DEFAULT_MAX_MESSAGE_BYTES, BucketSource, as_buckets, chunk_messages, pack_bucket
+
 QUEUE_BUCKETS = 2  # buckets packed ahead of the slowest stream
 PUSH_MODES = ("fanout", "chain")
 _END = object()
@@ -97,12 +98,14 @@ class _Stream:
         self.channel.close()
 
 
-def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], version: int, *, bucket_mb: float,
+def push_weights(tensors: Mapping[str, torch.Tensor] | BucketSource, addresses: list[str], version: int, *, bucket_mb: float,
                  mode: str = "fanout", token: str = "", dtype: torch.dtype | None = None, timeout_s: float = 600.0,
                  stall_s: float = 120.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> PushResult:
     """Pushes HF-named `tensors` as policy `version` to `addresses` (host:port), fan-out or chain.
 
-    Floating tensors are cast to `dtype` (the rollout's) when given. Replicas that fail, or take
+    `tensors` is a dict, or a BucketSource planned with `bucket_mb` and `dtype` (HfWeightStream: the trainer's
+    gather, one bucket at a time), which is iterated to its end even when every replica failed, since
+    the other ranks take part in its collectives. Floating tensors are cast to `dtype` (the rollout's) when given. Replicas that fail, or take
     nothing for `stall_s` (or give no answer within `stall_s` of the last chunk), are listed in
     the result; the others are updated. `timeout_s` bounds each whole call.
     """
@@ -110,21 +113,23 @@ def push_weights(tensors: Mapping[str, torch.Tensor], addresses: list[str], vers
         raise ValueError(f"trainer.push_mode: {mode!r} is not one of {', '.join(PUSH_MODES)}")
     if not addresses:
         raise ValueError("addresses: no rollout replica to push to")
-    plan = plan_buckets(tensors, bucket_mb, dtype)
+    source = as_buckets(tensors, bucket_mb, dtype)
+    plan = source.plan
     heads = addresses if mode == "fanout" else addresses[:1]
     forward_to = () if mode == "fanout" else tuple(addresses[1:])
     start = time.perf_counter()
     streams = [_Stream(a, token, timeout_s, stall_s, max_message_bytes) for a in heads]
     sent = 0
+    live = [True] * len(streams)
     try:
-        for index, names in enumerate(plan):
-            bucket = pack_bucket(tensors, names, dtype)
+        for index, (names, tensors_of_bucket) in enumerate(zip(plan, source)):
+            if not any(live):
+                continue  # nobody takes it, but the source's collectives still run to the end
+            bucket = pack_bucket(tensors_of_bucket, names, dtype)
             chunks = list(chunk_messages(bucket, version, index, len(plan), max_message_bytes=max_message_bytes,
-                                         forward_to=forward_to, num_tensors=len(tensors)))
+                                         forward_to=forward_to, num_tensors=len(source.specs)))
             live = [s.offer(chunks) for s in streams]  # each offer is bounded by stall_s
             sent += bucket.nbytes
-            if not any(live):
-                break
     except BaseException:  # a half push must not look complete
         for s in streams:
             s.future.cancel()
