@@ -425,18 +425,19 @@ class RolloutEngine:
         self.version = version
         POLICY_VERSION.set(version)
         if self.weights_incomplete:
-            self.weights_incomplete = ""
-            WEIGHTS_INCOMPLETE.set(0)
-            for listener in self.generation_listeners:
-                listener(True)
+            self._set_weights_incomplete("")
 
     def hold_generation(self, reason: str) -> None:
         """Refuses generation with `reason` (ensure_generating: HTTP 503, gRPC UNAVAILABLE, no dock claims) until the
         next complete push: a transfer that broke off mid-way left the model a mix of two versions."""
+        self._set_weights_incomplete(reason)
+
+    def _set_weights_incomplete(self, reason: str) -> None:
+        # One place for the state, its gauge and the listeners (the gRPC health status), held ("reason") or not ("").
         self.weights_incomplete = reason
-        WEIGHTS_INCOMPLETE.set(1)
+        WEIGHTS_INCOMPLETE.set(1 if reason else 0)
         for listener in self.generation_listeners:
-            listener(False)
+            listener(not reason)
 
     async def commit_staged_weights(self, version: int) -> None:
         """Applies the staged push with generation paused, then serves `version`.

@@ -38,12 +38,18 @@ def contiguous_placement(num_layers: int, num_experts: int, num_devices: int) ->
     return [[list(range(bounds[d], bounds[d + 1])) for d in range(num_devices)] for _ in range(num_layers)]
 
 
-def device_loads(counts: Sequence[float], devices: Sequence[Sequence[int]]) -> list[float]:
-    """Tokens each device computes in one layer: every expert's count shared evenly by its copies."""
-    copies = [0] * len(counts)
+def _copies(devices: Sequence[Sequence[int]], num_experts: int) -> list[int]:
+    """How many devices hold each expert in one layer."""
+    copies = [0] * num_experts
     for experts in devices:
         for e in experts:
             copies[e] += 1
+    return copies
+
+
+def device_loads(counts: Sequence[float], devices: Sequence[Sequence[int]]) -> list[float]:
+    """Tokens each device computes in one layer: every expert's count shared evenly by its copies."""
+    copies = _copies(devices, len(counts))
     return [sum(counts[e] / copies[e] for e in experts) for experts in devices]
 
 
@@ -96,10 +102,7 @@ def spread_copies(devices: list[list[int]], counts: Sequence[float]) -> list[lis
     if any(len(experts) > num_experts for experts in devices):
         raise ValueError(f"{len(devices[0])} slots per device cannot hold distinct experts of {num_experts}: "
                          "lower --redundant-experts")
-    copies = [0] * num_experts
-    for experts in devices:
-        for e in experts:
-            copies[e] += 1
+    copies = _copies(devices, num_experts)
     devices = [list(experts) for experts in devices]
     for a, experts in enumerate(devices):
         for slot, e in enumerate(experts):

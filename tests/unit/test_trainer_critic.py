@@ -1,15 +1,11 @@
 """The PPO critic: values from the value head, token rewards with KL-in-reward, GAE targets, critic steps, TP/PP=2, checkpoints."""
 import dataclasses
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update
-from trainer_helpers import random_batch, tiny_hf_model
+from trainer_helpers import random_batch, tiny_hf_model, torchrun_ranks
 
 from services.common.config import MegatronTrainingConfig, RLConfig
 from services.trainer.algorithm.advantages import gae_advantages, ppo_targets, token_level_rewards
@@ -168,17 +164,7 @@ def test_parallel_ranks_give_one_rank_values_and_step(hf_dir, tmp_path, tp, pp, 
     batch = random_batch(**CRITIC_BATCH)
     values = compute_values(critic, batch, FORWARD)
     metrics, after = parity_critic_update(critic, batch)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    ranks = tp * pp * (cp[0] if cp else 1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), str(WORKER), str(hf_dir), str(tmp_path), str(tp), str(pp), *map(str, cp)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for r in range(ranks):
-        rank = torch.load(tmp_path / f"rank{r}.pt", weights_only=True)
+    for rank in torchrun_ranks(WORKER, tp * pp * (cp[0] if cp else 1), hf_dir, tmp_path, tp, pp, *cp):
         assert torch.allclose(rank["values"], values, atol=1e-5)
         assert torch.allclose(rank["values_after"], after, atol=1e-5)
         for name in ("vf_loss", "vf_clipfrac", "values_mean", "grad_norm"):  # grad_norm spans TP shards / PP stages

@@ -280,13 +280,10 @@ def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.
         by_expert_rank.setdefault(key, {})[ranks.get("ep_rank", 0)] = model
     if not by_expert_rank:
         raise FileNotFoundError(f"{mg_dir}: no mp_rank_*/{MEGATRON_FILE}")
-    shards = {}
-    for key, parts in by_expert_rank.items():
-        if len(parts) == 1:
-            shards[key] = parts[0]
-        else:
-            shards[key] = merge_expert_parallel([parts[r] for r in sorted(parts)], ModelLayout.from_hf_dir(pathlib.Path(mg_dir) / "hf_config"))
-    return shards
+    if all(len(parts) == 1 for parts in by_expert_rank.values()):
+        return {key: parts[0] for key, parts in by_expert_rank.items()}
+    layout = ModelLayout.from_hf_dir(pathlib.Path(mg_dir) / "hf_config")
+    return {key: merge_expert_parallel([parts[r] for r in sorted(parts)], layout) for key, parts in by_expert_rank.items()}
 
 
 def copy_hf_side_files(src: str | pathlib.Path, dst: str | pathlib.Path) -> None:

@@ -27,9 +27,8 @@ def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, l
     entropy)` the loss to backpropagate (None: forward only). Returns each part's (log-probs,
     entropy), detached, on every stage.
     """
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
     from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     results: list[tuple[torch.Tensor, torch.Tensor]] = []  # the last stage's, in micro-batch order
     count = len(parts)
