@@ -144,7 +144,7 @@ def _read_expert_load(source: str) -> list[list[int]]:
 
 
 def _cmd_eplb(args: argparse.Namespace) -> int:
-    from services.rollout.eplb import contiguous_placement, imbalance, plan_placement, write_expert_map
+    from services.rollout.eplb import load_report, plan_placement, write_expert_map
 
     try:
         loads = [_read_expert_load(source) for source in args.counts]
@@ -158,15 +158,18 @@ def _cmd_eplb(args: argparse.Namespace) -> int:
     num_experts = len(counts[0])
     try:
         placement = plan_placement(counts, args.devices, args.redundant_experts, args.groups, args.nodes)
-        before = imbalance(counts, contiguous_placement(len(counts), num_experts, args.devices))
     except ValueError as exc:
         print(f"eplb: {exc}", file=sys.stderr)
         return 2
     path = write_expert_map(args.out, placement)
+    report = load_report(counts, placement)
     print(f"{sum(counts[0]):,} routed tokens in layer 0; {len(counts)} MoE layers x {num_experts} experts on "
           f"{args.devices} devices, {args.redundant_experts} redundant")
-    print(f"imbalance (max / mean tokens per device, mean over layers): contiguous {before:.3f}, "
-          f"with the map {imbalance(counts, placement):.3f}")
+    # more devices than experts: every placement needs copies, so there is no contiguous one to compare with
+    before = (f"contiguous {report['imbalance_contiguous']:.3f}" if "imbalance_contiguous" in report
+              else f"contiguous: none ({num_experts} experts on {args.devices} devices need copies)")
+    print(f"imbalance (max / mean tokens per device, mean over layers): {before}, "
+          f"with the map {report['imbalance_with_map']:.3f}")
     print(f"wrote {path}")
     return 0
 

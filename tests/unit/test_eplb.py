@@ -107,3 +107,15 @@ def test_dockrl_eplb_sums_replicas_counts_and_writes_a_map_that_loads(tmp_path, 
     assert after == pytest.approx(imbalance(SKEWED, read_expert_map(out, 3, 8)), abs=1e-3) and after < before
     assert main(["eplb", "--counts", str(first), "--devices", "4", "--redundant-experts", "1", "--out", str(out)]) == 2
     assert "cannot be split evenly" in capsys.readouterr().err
+
+
+def test_dockrl_eplb_plans_more_devices_than_experts_with_copies(tmp_path, capsys):
+    """8 experts on 16 devices: no placement without copies exists, yet the plan with 8 redundant slots is valid."""
+    counts = tmp_path / "load.json"
+    counts.write_text(json.dumps({"counts": SKEWED}))
+    out = tmp_path / "expert_map.json"
+    assert main(["eplb", "--counts", str(counts), "--devices", "16", "--redundant-experts", "8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "contiguous: none (8 experts on 16 devices need copies)" in printed
+    after = float(re.search(r"with the map ([0-9.]+)", printed).group(1))
+    assert after == pytest.approx(imbalance(SKEWED, read_expert_map(out, 3, 8)), abs=1e-3)
