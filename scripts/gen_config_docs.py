@@ -14,12 +14,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.common import config as C  # noqa: E402
+from services.common.config_types import type_name  # noqa: E402
 
 INTRO = """# Configuration reference
 
 One YAML file; sections and keys as in MindSpeed-RL where they exist there. Every key is optional;
-the default is shown. Validation runs once at load (`dockrl config check --config FILE`) and
-reports every error with its key path. `--set section.key=value` overrides a key.
+the default is shown. Validation runs once at load (`dockrl config check --config FILE`, pydantic
+on the sections of `services/common/config.py`) and reports every error with its key path; a key's
+own range or choices are in its type column, checks that span several keys follow the tables' rules.
+Integers, booleans and lists are read strictly (`2.5`, `"2"` or `yes` for an integer or a boolean
+are errors); a number may be written as an integer or as `1e-6`. `--set section.key=value` overrides a key.
 
 The `*_dispatch_size` keys of `rl_config`, when unset, are derived as MindSpeed-RL derives them:
 `global_batch_size * n_samples_per_prompt / dp`, where dp is `rollout.replicas` for
@@ -86,7 +90,7 @@ def _field_comments(cls: type) -> dict[str, str]:
 
 def _section(name: str, cls: type, out: list[str]) -> None:
     out += [f"## `{name}`", "", (cls.__doc__ or "").strip(), "", "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    notes, hints = _field_comments(cls), typing.get_type_hints(cls)
+    notes, hints = _field_comments(cls), typing.get_type_hints(cls, include_extras=True)
     nested = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
@@ -94,7 +98,7 @@ def _section(name: str, cls: type, out: list[str]) -> None:
             nested.append((f"{name}.{f.name}", tp))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        out.append(f"| `{f.name}` | {C._type_name(tp)} | `{default!r}` | {notes.get(f.name, '')} |")
+        out.append(f"| `{f.name}` | {type_name(tp)} | `{default!r}` | {notes.get(f.name, '')} |")
     out.append("")
     for sub_name, sub in nested:
         _section(sub_name, sub, out)

@@ -14,12 +14,13 @@ import pathlib
 import time
 from dataclasses import dataclass, field
 
+from services.common.config_types import config_section
 from services.common.templates import render_prompt
 
 logger = logging.getLogger("dockrl.data")
 
 
-@dataclass(frozen=True)
+@config_section
 class MapKeys:
     """Which input fields hold the prompt parts and the label; a dotted name reads a nested field
     (DAPO-Math-17k's label is `reward_model.ground_truth`)."""
@@ -30,7 +31,7 @@ class MapKeys:
     system: str = ""
 
 
-@dataclass(frozen=True)
+@config_section
 class PreprocessConfig:
     """One preprocessing job."""
 

@@ -54,6 +54,42 @@ def test_scientific_notation_read_as_number():
     assert config_from_dict(yaml.safe_load("megatron_training: {lr: 1e-6}\nrl_config: {adv_estimator: gae}")).megatron_training.lr == 1e-6
 
 
+@pytest.mark.parametrize("key, value, message", [
+    ("megatron_training.global_batch_size", "2", "expected an integer, got str '2'"),
+    ("megatron_training.global_batch_size", True, "expected an integer, got bool True"),
+    ("rl_config.use_remove_padding", 1, "expected true or false, got 1"),
+    ("rl_config.clip_ratio", True, "expected a number, got bool True"),
+    ("rl_config.kl_penalty", "k9", "'k9' is not one of kl, k1, abs, mse, k2, low_var_kl, k3"),
+    ("profiler_config.trainer.profile_ranks", {"a": 1}, "expected list of int or str, got dict {'a': 1}"),
+])
+def test_values_are_read_as_a_yaml_author_means_them(key, value, message):
+    """YAML's own types are kept: no quietly turning '2', true or 1 into another type's value."""
+    section, _, name = key.rpartition(".")
+    data = {"rl_config": {"n_samples_per_prompt": 2}}
+    node = data
+    for part in section.split("."):
+        node = node.setdefault(part, {})
+    node[name] = value
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert info.value.errors == [f"{key}: {message}"]
+
+
+def test_one_item_stands_for_a_list_and_integers_for_numbers():
+    cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "clip_ratio": 0},
+                            "generate_config": {"sampling_config": {"stop": "</s>"}}})
+    assert cfg.generate_config.sampling_config.stop == ("</s>",)
+    assert cfg.rl_config.clip_ratio == 0.0 and isinstance(cfg.rl_config.clip_ratio, float)
+
+
+def test_config_reference_shows_each_keys_range_and_choices():
+    reference = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    assert "| `global_batch_size` | int > 0 | `1` |" in reference
+    assert "| `top_p` | float in (0, 1] | `1.0` |" in reference
+    assert "| `adv_estimator` | group_norm \\| gae | `'group_norm'` |" in reference
+    assert "| `grpc_port` | TCP port | `50051` |" in reference
+
+
 def test_config_is_frozen():
     cfg = config_from_dict({"rl_config": {"adv_estimator": "gae"}})
     with pytest.raises(Exception):
@@ -100,7 +136,7 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2}, "trainer": {"weight_transport": "nccl"}},
      r"trainer\.weight_transport: 'nccl' is not one of grpc, collective"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"warm_start_boxed_fraction": 1.5}},
-     r"init_model\.warm_start_boxed_fraction: must be a share in \[0, 1\], got 1\.5"),
+     r"init_model\.warm_start_boxed_fraction: must be in \[0, 1\], got 1\.5"),
     ({"rl_config": {"n_samples_per_prompt": 2, "use_decoupled_loss": True, "behav_imp_weight_cap": 0.5}},
      r"rl_config\.behav_imp_weight_cap: must be 0 \(no cap\) or > 1, got 0\.5"),
     ({"rl_config": {"n_samples_per_prompt": 2, "behav_imp_weight_cap": 5.0}},

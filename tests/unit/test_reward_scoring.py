@@ -58,5 +58,5 @@ def test_reward_config_limits_are_validated():
     assert info.value.errors == [
         "reward.max_items: must be > 0, got 0",
         "reward.server_threads: must be > 0, got -1",
-        "reward.metrics_port: 70000 is not a TCP port (1-65535) or 0 (off)",
+        "reward.metrics_port: 70000 is not a TCP port (1-65535, or 0)",
     ]
