@@ -61,6 +61,9 @@ def test_wandb_offline_run_holds_every_step_and_a_resumed_trainer_continues_the_
     resumed = RunLog.from_config(cfg)  # a trainer restarted with --resume on the same log_dir
     resumed.log(3, {"reward/mean": 0.75})
     resumed.close()
+    # W&B's service process writes the run file behind finish(); a trainer's exit flushes it, here teardown does
+    import wandb
+    wandb.teardown()
     files = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     run_id = (tmp_path / "run" / "wandb_run_id").read_text()
     assert len(files) == 2 and all(f.name == f"run-{run_id}.wandb" for f in files)
