@@ -3,7 +3,7 @@ those in the padded and the packed forward, where without replay they pick their
 reach the router and the experts; a model without replay, or a dense model, is refused by key."""
 import pytest
 import torch
-from trainer_helpers import random_batch, tiny_hf_model
+from trainer_helpers import chosen_experts, random_batch, tiny_hf_model
 
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
 from services.trainer.modeling.logprobs import ResponseBatch, forward_micro_batch, run_micro_batches
@@ -25,30 +25,6 @@ def replay_model(moe_dir):
     model = build_model(layout, routing_replay=True)
     load_hf_into_model(model, load_hf_state(moe_dir), layout)
     return model, layout
-
-
-def chosen_experts(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """(log-probs, per sample [P+L, MoE layers, top_k] sorted expert ids the routers picked) of one forward."""
-    from megatron.core.transformer.moe.router import TopKRouter
-
-    maps = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: maps.append(out[1].detach()))
-             for m in model.modules() if isinstance(m, TopKRouter)]
-    try:
-        with torch.no_grad():
-            logp, _ = forward_micro_batch(model, batch, packed)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    top_k = int(maps[0][0].sum())
-    # routing_map [tokens, experts] -> sorted ids [tokens, layers, top_k], tokens in the router's order
-    ids = torch.stack([m.nonzero()[:, 1].view(-1, top_k) for m in maps], 1)
-    lengths = batch.sequence_lengths.tolist()
-    if packed:
-        return logp, list(ids.split(lengths))
-    width = ids.size(0) // batch.size
-    rows = ids.view(width, batch.size, *ids.shape[1:]).transpose(0, 1)  # [S, b] S-major -> [b, S]
-    return logp, [rows[i, :n] for i, n in enumerate(lengths)]
 
 
 def other_experts(natural: list[torch.Tensor], num_experts: int) -> list[torch.Tensor]:
