@@ -230,6 +230,11 @@ class TrainerSession:
         update_cfg = self.update_cfg
         if self.kl_ctrl.target and not rl.use_kl_in_reward:  # the adaptive coefficient of the loss's KL term
             update_cfg = replace(update_cfg, loss=replace(update_cfg.loss, kl_coef=self.kl_ctrl.value))
+        unreplayed = None
+        if rl.routing_replay and self.cfg.trainer.log_logprob_diff:
+            # the gap replay closes: the current policy's log-probs with its own routing (one more forward, before the update)
+            with record_function("actor_compute_log_prob_unreplayed"):
+                unreplayed = compute_logprobs(self.model, replace(samples, routed_experts=None), fwd)[0].float().cpu()
         with record_function("actor_update"):  # its first micro-batches' log-probs are the old policy's (no separate pass)
             out = update_policy(self.model, self.optimizer,
                                 TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), update_cfg, step)
@@ -242,6 +247,10 @@ class TrainerSession:
             self.kl_ctrl.update(kl, len(batch.responses))
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
+        if unreplayed is not None:
+            gap = rollout_agreement(unreplayed, batch, mask, self.version).get("train_rollout_logprob_diff")
+            if gap is not None:
+                metrics["train_rollout_logprob_diff_unreplayed"] = gap
         if ppo:
             with record_function("critic_update"):
                 critic_out = self.critic.update(samples, values, targets.returns, step)
