@@ -85,3 +85,18 @@ def test_routing_needs_a_model_built_for_replay_and_an_moe_model(moe_dir, replay
                              [torch.zeros(9, layout.num_layers, 2, dtype=torch.uint8)])
     with pytest.raises(ValueError, match="routed_experts: sample 0's routing"):
         forward_micro_batch(replay_model[0], too_long, packed=True)
+
+
+def test_replay_follows_each_sample_into_dynamic_micro_batches(replay_model):
+    """use_dynamic_bsz splits the batch by a token budget: each micro-batch replays its own samples' routing."""
+    from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs
+
+    model, layout = replay_model
+    plain = random_batch(3, PROMPTS, RESPONSES)
+    _, natural = chosen_experts(model, plain, packed=True)
+    batch = ResponseBatch(plain.tokens, plain.prompt_lengths, plain.response_lengths, other_experts(natural, layout.num_experts))
+    whole, _ = forward_micro_batch(model.eval(), batch, packed=True)
+    for packed in (True, False):
+        split = ForwardConfig(use_remove_padding=packed, use_dynamic_bsz=True, max_packing_token_size=10)
+        assert torch.allclose(compute_logprobs(model, batch, split)[0], whole.detach(), atol=1e-5)
+    assert not torch.allclose(compute_logprobs(model, plain, split)[0], whole.detach(), atol=1e-3)
