@@ -127,6 +127,7 @@ class RLConfig:
     max_staleness: NonNegativeInt = 0  # AReaL's eta: rollout runs up to eta versions ahead of the trainer; 0 is synchronous
     use_decoupled_loss: bool = False  # AReaL's decoupled PPO: clip against the policy before the update, weight by it over the rollout's (behaviour) policy
     behav_imp_weight_cap: float = 0.0  # decoupled loss: tokens whose behaviour importance weight exceeds it are left out (0: no cap)
+    routing_replay: bool = False  # MoE: rollout records each token's routed experts, the trainer's forward passes replay them (slime's R3; docs/moe.md)
     use_tensorboard: bool = True  # write TensorBoard scalars
     use_wandb: bool = False  # also log every step to Weights & Biases (the `wandb` extra; WANDB_MODE=offline logs locally)
     wandb_project: str = ""  # W&B project (required with use_wandb)
@@ -573,6 +574,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append("rl_config.wandb_project: required with rl_config.use_wandb (the W&B project the run logs to)")
     if rl.behav_imp_weight_cap and rl.behav_imp_weight_cap <= 1:
         errors.append(f"rl_config.behav_imp_weight_cap: must be 0 (no cap) or > 1, got {rl.behav_imp_weight_cap!r}")
+    _validate_routing_replay(cfg, errors)
     if rl.behav_imp_weight_cap and not rl.use_decoupled_loss:
         errors.append("rl_config.behav_imp_weight_cap: caps the decoupled loss's behaviour weight; set rl_config.use_decoupled_loss: true "
                       "or leave it 0")
@@ -633,6 +635,22 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
+
+
+def _validate_routing_replay(cfg: Config, errors: list[str]) -> None:
+    """What rl_config.routing_replay needs from the rollout and the trainer's layout (docs/moe.md)."""
+    if not cfg.rl_config.routing_replay:
+        return
+    gen, mt = cfg.generate_config, cfg.megatron_training
+    if not gen.enforce_eager:
+        errors.append("rl_config.routing_replay: needs generate_config.enforce_eager: true; vLLM's compiled model "
+                      "(torch.compile, CUDA graphs) skips the router hook that records the routed experts")
+    if gen.enable_prefix_caching:
+        errors.append("rl_config.routing_replay: needs generate_config.enable_prefix_caching: false; prompt tokens found "
+                      "in the prefix cache are never computed, so their routing would be missing from the record")
+    if mt.context_parallel_size > 1:
+        errors.append("rl_config.routing_replay: not built with megatron_training.context_parallel_size > 1 (each CP rank "
+                      "routes a reordered share of every sequence, which the replayed routing would have to follow)")
 
 
 def _validate_profiler(pc: ProfilerConfig, path: str, errors: list[str]) -> None:

@@ -57,6 +57,9 @@ DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
     ColumnSpec("response_length", "int32"),  # []
     ColumnSpec("rollout_log_probs", "float32", (None,)),  # [L] the rollout engine's log p
     ColumnSpec("versions", "int32", (None,)),  # [L] policy version that generated each token
+    # [P+L-1, MoE layers, top_k] expert ids each computed position was routed to (rl_config.routing_replay; the last
+    # response token is never fed to the rollout model, so it has none): services/rollout/routing_recorder.py
+    ColumnSpec("routed_experts", "uint8", (None, None, None)),
     ColumnSpec("finish_reason", "utf8"),  # a FinishReason value: stop | length | abort | failed (services/common/sample.py)
     ColumnSpec("rm_scores", "float32"),  # [] reward of the whole response
     ColumnSpec("rm_parts", "float32", (None,)),  # [V] each verifier's score (rl_config.verifier_function order), before weighting

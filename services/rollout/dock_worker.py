@@ -3,7 +3,8 @@
 Loop: claim `actor_rollout_dispatch_size` rows whose prompts are ready (oldest first; under
 partial rollout also rows put back unfinished, with their partial responses) -> generate one
 sample per row, continuing any partial response, for at most the partial-rollout token budget
--> put the finished rows (responses, logprobs, per-token versions, length, finish reason) and
+-> put the finished rows (responses, logprobs, per-token versions, length, finish reason; with
+rl_config.routing_replay on an MoE model, each position's routed experts) and
 put the unfinished ones back as partial (age + 1). The replica is registered in the dock's
 replica registry with a heartbeat, so the trainer's weight push finds it.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,6 +39,7 @@ from services.common.sample import FinishReason
 from services.dock.timeline import Span, Timeline
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.profiling import EngineProfiler
+from services.rollout.routing_recorder import RECORD_PREFIX
 from services.rollout.sampling import SamplingOverrides, sample_seed
 
 log = logging.getLogger("dockrl.rollout.dock")
@@ -57,6 +60,9 @@ class RowResult:
     sample: Completion  # prior partial response + what this claim generated
     finished: bool = False  # False: budget spent before max_tokens (or aborted); goes back as partial
     generated: int = 0  # tokens this claim added
+    # [P+L-1, MoE layers, top_k] uint8: the routing of this claim's request, which computed every position of prompt +
+    # response (a resumed row's prompt holds its partial response); None unless routing is recorded
+    routed_experts: np.ndarray | None = None
 
 
 @dataclass
@@ -246,6 +252,9 @@ class DockWorker:
             return
         columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
                    "finish_reason": [r.sample.finish_reason for r in done]}
+        if self.engine.routing_shape != (0, 0):
+            empty = np.zeros((0, *self.engine.routing_shape), np.uint8)  # a row that failed before a token computed nothing
+            columns["routed_experts"] = [empty if r.routed_experts is None else r.routed_experts for r in done]
         await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=self.engine.version)
         settled.update(r.index for r in done)
 
@@ -261,11 +270,13 @@ class DockWorker:
         seed = sample_seed(self.seed, prompt, index % self.dock.layout.n_samples_per_prompt, self.engine.version,
                            len(sample.token_ids))
         overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0, seed=seed)
+        record = self.engine.routing_shape != (0, 0)
+        request_id = RECORD_PREFIX + uuid.uuid4().hex if record else ""  # the prefix asks the worker to record its routing
         while True:
             if running.interrupted:  # the target was reached before this row began: back as it was
                 return RowResult(index, sample, finished=False)
             try:
-                stream = self.engine.open(prompt + sample.token_ids, overrides, detokenize=False)
+                stream = self.engine.open(prompt + sample.token_ids, overrides, request_id=request_id, detokenize=False)
                 break
             except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
                 await asyncio.sleep(QUEUE_RETRY_S)
@@ -282,5 +293,7 @@ class DockWorker:
                 sample.add(delta)
         finally:
             running.requests.pop(index, None)
+            # taken whether the row finished or not, so the worker keeps no record of a request that has ended
+            routed = await self.engine.take_routed_experts(stream.request_id) if record else None
         finished = sample.finish_reason == FinishReason.STOP.value or len(sample.token_ids) >= self.max_tokens
-        return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior)
+        return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior, routed_experts=routed)

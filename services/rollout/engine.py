@@ -237,6 +237,7 @@ class RolloutEngine:
         self.moe_shape = (0, 0)  # (MoE layers, experts per layer) whose routed tokens are counted; (0, 0): dense
         self.expert_counting_off = ""  # why an MoE model's counts cannot be trusted; empty when they can
         self.expert_map: Placement | None = None  # generate_config.expert_map_path, read at start
+        self.routing_shape = (0, 0)  # (MoE layers, top-k) of the routing recorded for dock requests; (0, 0): none recorded
         POLICY_VERSION.set(0)
 
     @classmethod
@@ -411,6 +412,21 @@ class RolloutEngine:
             self.expert_map = read_expert_map(path, *self.moe_shape)
         except ExpertMapError as exc:
             raise ExpertMapError(f"generate_config.expert_map_path: {exc}") from None
+
+    async def start_routing_record(self) -> None:
+        """Records the routed experts of every request opened with a RECORD_PREFIX id (rl_config.routing_replay).
+
+        Call after start_expert_counting: the recorder keeps the counter's hook. A dense model records nothing.
+        """
+        # Tensor-parallel workers route the same tokens with the same replicated router: the first one's record is the replica's.
+        self.routing_shape = tuple((await self.collective_rpc("start_routing_record"))[0])
+
+    async def take_routed_experts(self, request_id: str):
+        """The routed experts recorded for `request_id`, removed from the worker: uint8 [positions, layers, top_k]."""
+        import numpy as np
+
+        data, shape = (await self.collective_rpc("take_routed_experts", request_id))[0]
+        return np.frombuffer(data, np.uint8).reshape(shape)
 
     async def expert_load(self) -> dict:
         """Tokens routed to each expert so far ([MoE layer][expert]), and with an expert map the imbalance

@@ -70,6 +70,8 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
         log_event(log, "bad expert map; stopping this replica", level=logging.ERROR, error=str(exc))
         engine.shutdown(timeout_s=DEAD_ENGINE_STOP_S)
         return 2
+    if cfg.rl_config.routing_replay:
+        await engine.start_routing_record()
     token = resolve_token(cfg.auth)
     spec = served_weight_spec(engine.model_path, cfg.generate_config.dtype)
     receiver, collective = WeightReceiver(engine, spec, token), CollectiveReceiver(engine, spec)

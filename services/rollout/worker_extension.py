@@ -19,7 +19,8 @@ register_backend()
 
 class WeightStagingExtension:
     """collective_rpc methods: stage_bucket, commit_staged, discard_staged, weight_transfer_stats, and for EPLB
-    start_expert_counting, expert_counts (services.rollout.expert_counter)."""
+    start_expert_counting, expert_counts (services.rollout.expert_counter), and for routing replay start_routing_record,
+    take_routed_experts (services.rollout.routing_recorder)."""
 
     def stage_bucket(self, data: bytes, tensors: list[tuple[str, str, list[int], int, int]]) -> int:
         """Keeps the bucket's tensors (name, dtype, shape, offset, nbytes) for the next commit; returns how many are staged."""
@@ -72,3 +73,15 @@ class WeightStagingExtension:
     def expert_counts(self) -> list[list[int]]:
         """Tokens routed to each expert since start_expert_counting, as [MoE layer][expert]."""
         return self.__dict__["_dockrl_expert_counter"].read()
+
+    def start_routing_record(self) -> tuple[int, int]:
+        """Starts recording each dock request's routed experts (after start_expert_counting, whose hook it keeps);
+        returns (MoE layers, top-k), (0, 0) if dense."""
+        from services.rollout.routing_recorder import RoutingRecorder
+
+        recorder = self.__dict__["_dockrl_routing_recorder"] = RoutingRecorder(self.model_runner)
+        return recorder.attach(self.model_runner.model)
+
+    def take_routed_experts(self, request_id: str) -> tuple[bytes, list[int]]:
+        """The routed experts recorded for `request_id`, removed: uint8 bytes and shape [positions, layers, top_k]."""
+        return self.__dict__["_dockrl_routing_recorder"].take(request_id)

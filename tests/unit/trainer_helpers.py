@@ -104,3 +104,29 @@ def peak_extra_tensor_bytes(make_buckets) -> int:
         peak = max(peak, sum(n for ptr, n in _live_cpu_storages().items() if ptr not in before))
         del bucket
     return peak
+
+
+def chosen_experts(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(log-probs, per sample [P+L, MoE layers, top_k] sorted expert ids the routers picked) of one forward."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    from services.trainer.modeling.logprobs import forward_micro_batch
+
+    maps = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: maps.append(out[1].detach()))
+             for m in model.modules() if isinstance(m, TopKRouter)]
+    try:
+        with torch.no_grad():
+            logp, _ = forward_micro_batch(model, batch, packed)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    top_k = int(maps[0][0].sum())
+    # routing_map [tokens, experts] -> sorted ids [tokens, layers, top_k], tokens in the router's order
+    ids = torch.stack([m.nonzero()[:, 1].view(-1, top_k) for m in maps], 1)
+    lengths = batch.sequence_lengths.tolist()
+    if packed:
+        return logp, list(ids.split(lengths))
+    width = ids.size(0) // batch.size
+    rows = ids.view(width, batch.size, *ids.shape[1:]).transpose(0, 1)  # [S, b] S-major -> [b, S]
+    return logp, [rows[i, :n] for i, n in enumerate(lengths)]

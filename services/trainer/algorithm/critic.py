@@ -52,7 +52,7 @@ class ValueHead(torch.nn.Linear):
 
 
 def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, seed: int = 1234,
-                 cp_algo: str = "megatron_cp_algo"):
+                 cp_algo: str = "megatron_cp_algo", routing_replay: bool = False):
     """This rank's critic shard: build_model(layout) loaded from `hf_state`, the last stage's LM head replaced by a ValueHead
     (with context parallel, its attention exchanges sequence shares by `cp_algo`, as the actor's).
 
@@ -63,7 +63,7 @@ def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: 
 
     from services.trainer.modeling.checkpoint_convert import load_hf_into_model
 
-    model = build_model(layout, dtype, cp_algo)
+    model = build_model(layout, dtype, cp_algo, routing_replay)
     load_hf_into_model(model, hf_state, layout)
     if parallel_state.is_pipeline_last_stage():
         model.output_layer = ValueHead(layout.hidden_size, dtype, seed).to(compute_device())
@@ -253,7 +253,8 @@ class Critic:
     def build(cls, cfg, layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype, total_steps: int) -> "Critic":
         """The critic of `cfg` initialised from the actor's HF checkpoint; `total_steps` sizes its LR schedule."""
         mt = cfg.megatron_training
-        model = build_critic(layout, hf_state, dtype, seed=mt.seed, cp_algo=mt.context_parallel_algo)
+        model = build_critic(layout, hf_state, dtype, seed=mt.seed, cp_algo=mt.context_parallel_algo,
+                             routing_replay=cfg.rl_config.routing_replay)
         return cls(model, build_critic_optimizer(model, mt, total_steps), CriticUpdateConfig.from_config(cfg))
 
     def values(self, batch: ResponseBatch, cfg: ForwardConfig) -> torch.Tensor:

@@ -27,7 +27,8 @@ log = logging.getLogger("dockrl.trainer")
 TRAIN_CONSUMER = "actor_train"
 TRAIN_COLUMNS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
 # Read when stored, never waited for: each verifier's part of the reward, for its own metric.
-TRAIN_OPTIONAL_COLUMNS = ("rm_parts", "finish_reason")
+# routed_experts is put with the responses (same put), so a scored row holds it whenever its replica recorded it.
+TRAIN_OPTIONAL_COLUMNS = ("rm_parts", "finish_reason", "routed_experts")
 # One put is one Lua script, and Redis serves nobody else while it runs: 32768 prompt rows held it
 # ~1 s on a quiet 2-core machine (several under load), so prompts go in puts of at most this many rows.
 PROMPT_PUT_ROWS = 4096
@@ -45,6 +46,8 @@ class ScoredBatch:
     versions: list[list[int]]  # [B][L], policy version per token
     claims: list[Claim] = field(default_factory=list)
     score_parts: list[list[float] | None] = field(default_factory=list)  # [B][V] each verifier's score; None: not stored
+    # [B] uint8 [P+L-1, MoE layers, top_k] the rollout's routing (rl_config.routing_replay); None: not stored
+    routed_experts: list[np.ndarray | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.indexes)
@@ -62,6 +65,7 @@ class ScoredBatch:
             self.versions.append(np.asarray(cols["versions"][i]).astype(int).tolist())
             parts = cols.get("rm_parts", [None] * len(claim))[i]
             self.score_parts.append(None if parts is None else np.asarray(parts, dtype=np.float64).tolist())
+            self.routed_experts.append(cols.get("routed_experts", [None] * len(claim))[i])
         self.claims.append(claim)
 
     @classmethod
@@ -80,6 +84,8 @@ class ScoredBatch:
                 self.versions.append(other.versions[i])
                 if other.score_parts:
                     self.score_parts.append(other.score_parts[i])
+                if other.routed_experts:
+                    self.routed_experts.append(other.routed_experts[i])
 
 
 @dataclass

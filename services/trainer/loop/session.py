@@ -11,6 +11,7 @@ import pathlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 
@@ -45,6 +46,20 @@ def _world() -> tuple[int, int]:
     import torch.distributed as dist
 
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def rollout_routing(batch: ScoredBatch) -> list[torch.Tensor]:
+    """Each sample's routed experts as the rollout recorded them (rl_config.routing_replay): [P+L-1, MoE layers, top_k]."""
+    routed = []
+    for i, (prompt, response) in enumerate(zip(batch.prompts, batch.responses)):
+        record = batch.routed_experts[i] if batch.routed_experts else None
+        if record is None or len(record) != len(prompt) + len(response) - 1:
+            got = "none" if record is None else f"{len(record)} positions"
+            raise ValueError(f"rl_config.routing_replay: row {batch.indexes[i]} came with {got} of routed_experts, not "
+                             f"prompt + response - 1 = {len(prompt) + len(response) - 1}; do the rollout replicas run this "
+                             "config (they record the routing only with routing_replay on)?")
+        routed.append(torch.from_numpy(np.array(record, np.uint8)))  # a copy: dock values are read-only
+    return routed
 
 
 def rollout_logprob_matrix(batch: ScoredBatch, mask: torch.Tensor) -> torch.Tensor:
@@ -119,11 +134,11 @@ class TrainerSession:
         dtype = torch.bfloat16 if mt.bf16 else torch.float32
         layout = ModelLayout.from_hf_dir(mt.load)
         hf_state = load_hf_state(mt.load)
-        model = build_model(layout, dtype, mt.context_parallel_algo)
+        model = build_model(layout, dtype, mt.context_parallel_algo, rl.routing_replay)
         load_hf_into_model(model, hf_state, layout)
         ref_model = None
         if rl.init_kl_coef > 0:
-            ref_model = build_model(layout, dtype, mt.context_parallel_algo)
+            ref_model = build_model(layout, dtype, mt.context_parallel_algo, rl.routing_replay)
             load_hf_into_model(ref_model, hf_state, layout)
             ref_model.eval()
             ref_model.requires_grad_(False)
@@ -188,7 +203,7 @@ class TrainerSession:
     def train_step(self, batch: ScoredBatch, step: int) -> dict[str, float]:
         """Advantages, log-probs and the policy update on one iteration's batch; returns its metrics."""
         rl, fwd = self.cfg.rl_config, self.update_cfg.forward
-        samples = ResponseBatch.from_lists(batch.prompts, batch.responses)
+        samples = ResponseBatch.from_lists(batch.prompts, batch.responses, rollout_routing(batch) if rl.routing_replay else None)
         mask = samples.response_mask()
         scores = torch.tensor(batch.scores, dtype=torch.float32)
         metrics: dict[str, float] = {}
@@ -215,6 +230,11 @@ class TrainerSession:
         update_cfg = self.update_cfg
         if self.kl_ctrl.target and not rl.use_kl_in_reward:  # the adaptive coefficient of the loss's KL term
             update_cfg = replace(update_cfg, loss=replace(update_cfg.loss, kl_coef=self.kl_ctrl.value))
+        unreplayed = None
+        if rl.routing_replay and self.cfg.trainer.log_logprob_diff:
+            # the gap replay closes: the current policy's log-probs with its own routing (one more forward, before the update)
+            with record_function("actor_compute_log_prob_unreplayed"):
+                unreplayed = compute_logprobs(self.model, replace(samples, routed_experts=None), fwd)[0].float().cpu()
         with record_function("actor_update"):  # its first micro-batches' log-probs are the old policy's (no separate pass)
             out = update_policy(self.model, self.optimizer,
                                 TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), update_cfg, step)
@@ -227,6 +247,10 @@ class TrainerSession:
             self.kl_ctrl.update(kl, len(batch.responses))
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
+        if unreplayed is not None:
+            gap = rollout_agreement(unreplayed, batch, mask, self.version).get("train_rollout_logprob_diff")
+            if gap is not None:
+                metrics["train_rollout_logprob_diff_unreplayed"] = gap
         if ppo:
             with record_function("critic_update"):
                 critic_out = self.critic.update(samples, values, targets.returns, step)

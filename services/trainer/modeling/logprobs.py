@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from services.trainer.modeling import context_parallel
 from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
 from services.trainer.modeling.model import compute_device
+from services.trainer.modeling.routing_replay import replaying, token_routing
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,14 @@ class ResponseBatch:
     tokens: torch.Tensor  # [B, S] prompt then response, right-padded with 0
     prompt_lengths: torch.Tensor  # [B]
     response_lengths: torch.Tensor  # [B]
+    # routing replay: per sample [n <= P+L, MoE layers, top_k] the experts each position was routed to in rollout
+    # (rl_config.routing_replay); None: the routers choose
+    routed_experts: list[torch.Tensor] | None = None
 
     @classmethod
-    def from_lists(cls, prompts: list[list[int]], responses: list[list[int]]) -> "ResponseBatch":
-        """Builds the padded tensor from per-sample prompt and response token ids."""
+    def from_lists(cls, prompts: list[list[int]], responses: list[list[int]],
+                   routed_experts: list[torch.Tensor] | None = None) -> "ResponseBatch":
+        """Builds the padded tensor from per-sample prompt and response token ids (and their rollout routing)."""
         if len(prompts) != len(responses):
             raise ValueError(f"responses: {len(responses)} responses for {len(prompts)} prompts")
         if any(not r for r in responses):
@@ -42,7 +47,9 @@ class ResponseBatch:
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, (p, r) in enumerate(zip(prompts, responses)):
             tokens[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
-        return cls(tokens, torch.tensor([len(p) for p in prompts]), torch.tensor([len(r) for r in responses]))
+        if routed_experts is not None and len(routed_experts) != len(prompts):
+            raise ValueError(f"routed_experts: {len(routed_experts)} routings for {len(prompts)} samples")
+        return cls(tokens, torch.tensor([len(p) for p in prompts]), torch.tensor([len(r) for r in responses]), routed_experts)
 
     @property
     def size(self) -> int:
@@ -63,7 +70,9 @@ class ResponseBatch:
     def select(self, index: torch.Tensor) -> "ResponseBatch":
         """The samples at `index` (a 1-D long tensor), trimmed to their longest sequence."""
         lengths = self.sequence_lengths[index]
-        return ResponseBatch(self.tokens[index, : int(lengths.max())], self.prompt_lengths[index], self.response_lengths[index])
+        routed = None if self.routed_experts is None else [self.routed_experts[i] for i in index.tolist()]
+        return ResponseBatch(self.tokens[index, : int(lengths.max())], self.prompt_lengths[index], self.response_lengths[index],
+                             routed)
 
 
 @dataclass(frozen=True)
@@ -159,10 +168,14 @@ class ModelInputs:
     hidden_shape: tuple[int, int]  # (S, b) or (T, 1): the activations passed between pipeline stages
     labels: torch.Tensor | None = None  # under CP: the token each of this rank's positions predicts
     cp_index: torch.Tensor | None = None  # under CP: [CP, n] the flat positions (within a row) each CP rank holds
+    routing: torch.Tensor | None = None  # routing replay: [S * b or T, MoE layers, top_k] experts per token, router order
 
     def run(self, model) -> torch.Tensor:
         """The model's output: logits [b, S, V] on the last pipeline stage, hidden states elsewhere."""
-        return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
+        if self.routing is None:
+            return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
+        with replaying(model, self.routing.to(self.tokens.device)):
+            return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
 
 
 def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
@@ -178,15 +191,23 @@ def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
         positions = torch.cat([torch.arange(p) for p in padded]).unsqueeze(0).to(device)
         bounds = torch.tensor([0] + padded).cumsum(0).to(torch.int32).to(device)
         inputs = ModelInputs(tokens, positions, None, _packed_params(bounds, max(padded)), bounds[:-1].tolist(),
-                             (tokens.size(1), 1))
+                             (tokens.size(1), 1), routing=_routing(batch, padded, None))
     else:
         width = context_parallel.padded_length(max(lengths), cp)
         padded = [width]
         tokens = F.pad(batch.tokens[:, : max(lengths)], (0, width - max(lengths))).to(device)
         positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
         causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
-        inputs = ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size))
+        inputs = ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size),
+                             routing=_routing(batch, lengths, width))
+    if cp > 1 and inputs.routing is not None:
+        raise ValueError("rl_config.routing_replay: not built with context parallel (each CP rank routes a reordered share)")
     return inputs if cp == 1 else _context_parallel_share(inputs, padded, cp_rank, cp)
+
+
+def _routing(batch: ResponseBatch, lengths: list[int], width: int | None) -> torch.Tensor | None:
+    """The batch's rollout routing in the model's token order (routing replay), None when it has none."""
+    return None if batch.routed_experts is None else token_routing(batch.routed_experts, lengths, width)
 
 
 def _context_parallel_share(inputs: ModelInputs, lengths: list[int], cp_rank: int, cp: int) -> ModelInputs:

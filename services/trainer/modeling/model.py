@@ -229,8 +229,10 @@ def destroy_parallel() -> None:
 
 
 def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32, cp: int = 1,
-                       cp_algo: str = "megatron_cp_algo", ep: int = 1):
+                       cp_algo: str = "megatron_cp_algo", ep: int = 1, routing_replay: bool = False):
     """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU).
+
+    `routing_replay` gives each MoE router megatron's RouterReplay (routing_replay.py drives it).
 
     `cp_algo` (MindSpeed-RL's context_parallel_algo) becomes megatron's cp_comm_type, which the core attention reads.
     """
@@ -260,7 +262,7 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         cp_comm_type=CP_ALGOS[cp_algo] if cp > 1 else None,
         expert_model_parallel_size=ep,
         qk_layernorm=layout.qk_layernorm,
-        **(_moe_config(layout) if layout.is_moe else {}),
+        **(_moe_config(layout, routing_replay) if layout.is_moe else {}),
         params_dtype=dtype,
         pipeline_dtype=dtype,
         variable_seq_lengths=pp > 1,  # micro-batches differ in length: the 1F1B schedule sends each tensor's shape first
@@ -277,7 +279,7 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
     )
 
 
-def _moe_config(layout: ModelLayout) -> dict:
+def _moe_config(layout: ModelLayout, routing_replay: bool) -> dict:
     """TransformerConfig's MoE fields: Hugging Face's routing is softmax over all experts, top-k, then renormalised
     when norm_topk_prob; megatron's softmax over the top-k logits is that renormalised form, its pre-softmax the other."""
     return dict(
@@ -291,14 +293,16 @@ def _moe_config(layout: ModelLayout) -> dict:
         moe_shared_expert_intermediate_size=layout.shared_expert_ffn_hidden_size or None,
         moe_shared_expert_gate=bool(layout.shared_expert_ffn_hidden_size),
         moe_grouped_gemm=False,  # SequentialMLP: one plain MLP per local expert (grouped GEMM needs CUDA kernels)
+        moe_enable_routing_replay=routing_replay,
     )
 
 
-def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo: str = "megatron_cp_algo"):
+def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo: str = "megatron_cp_algo",
+                routing_replay: bool = False):
     """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice.
 
     With context parallel (init_parallel's `cp`) its attention exchanges sequence shares by `cp_algo`
-    (ulysses_cp_algo | megatron_cp_algo).
+    (ulysses_cp_algo | megatron_cp_algo). `routing_replay` (rl_config.routing_replay) needs an MoE layout.
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -312,6 +316,8 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     cp = parallel_state.get_context_parallel_world_size()
     ep = parallel_state.get_expert_model_parallel_world_size()
     layout.check_parallel(tp, pp, cp, cp_algo, ep)
+    if routing_replay and not layout.is_moe:
+        raise ValueError("rl_config.routing_replay: the model has no MoE layers, so there is no routing to replay")
     if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
         # megatron-core syncs the two copies of a tied embedding with a .cuda() call at construction.
         raise ValueError("megatron_training.pipeline_model_parallel_size: tied embeddings with PP > 1 need an accelerator")
@@ -326,7 +332,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
                                     qk_layernorm=layout.qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
     model = GPTModel(
-        transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep),
+        transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep, routing_replay),
         transformer_layer_spec=spec,
         vocab_size=layout.vocab_size,
         max_sequence_length=layout.max_position_embeddings,
