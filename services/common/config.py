@@ -574,7 +574,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         errors.append("rl_config.wandb_project: required with rl_config.use_wandb (the W&B project the run logs to)")
     if rl.behav_imp_weight_cap and rl.behav_imp_weight_cap <= 1:
         errors.append(f"rl_config.behav_imp_weight_cap: must be 0 (no cap) or > 1, got {rl.behav_imp_weight_cap!r}")
-    _validate_routing_replay(cfg, errors)
     if rl.behav_imp_weight_cap and not rl.use_decoupled_loss:
         errors.append("rl_config.behav_imp_weight_cap: caps the decoupled loss's behaviour weight; set rl_config.use_decoupled_loss: true "
                       "or leave it 0")
@@ -599,6 +598,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"tensor_model_parallel_size * pipeline_model_parallel_size * context_parallel_size = {mp}"
         )
     _validate_context_parallel(cfg, errors)
+    _validate_routing_replay(cfg, errors)
     if rl.mini_batch_size is not None:
         total = cfg.samples_per_iteration
         if rl.mini_batch_size <= 0 or total % rl.mini_batch_size:
