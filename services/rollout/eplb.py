@@ -167,6 +167,34 @@ def read_expert_map(path: str | pathlib.Path, num_layers: int, num_experts: int)
     return placement
 
 
+def checkpoint_moe_shape(model_dir: str | pathlib.Path) -> tuple[int, int] | None:
+    """(MoE layers, experts per layer) as a Qwen MoE checkpoint's config.json declares them, (0, 0) for a model
+    without routed experts; None where it cannot tell (no local config.json, another MoE layout)."""
+    try:
+        config = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    experts = config.get("num_experts")
+    if experts is None:
+        moe_keys = ("n_routed_experts", "num_local_experts", "moe_num_experts")
+        return None if any(k in config for k in moe_keys) else (0, 0)
+    # Qwen2-MoE / Qwen3-MoE: layer i is sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer
+    step, dense = config.get("decoder_sparse_step", 1) or 1, set(config.get("mlp_only_layers") or ())
+    layers = sum(1 for i in range(config["num_hidden_layers"]) if i not in dense and experts > 0 and (i + 1) % step == 0)
+    return layers, experts
+
+
+def check_map_against_checkpoint(path: str | pathlib.Path, model_dir: str | pathlib.Path) -> None:
+    """Checks the expert map at `path` against the checkpoint's own config.json before the engine starts, so a
+    wrong map stops a replica in a second rather than after the engine's start-up; raises ExpertMapError. The
+    replica checks it again against the model vLLM built (start_expert_counting)."""
+    shape = checkpoint_moe_shape(model_dir)
+    if shape == (0, 0):
+        raise ExpertMapError(f"{path} is set but {model_dir} has no MoE layers")
+    if shape is not None:
+        read_expert_map(path, *shape)
+
+
 def load_report(counts: Sequence[Sequence[float]], placement: Placement | None) -> dict:
     """The imbalance of `counts` without EPLB (experts contiguous on as many devices as the map has) and under the map."""
     if placement is None:

@@ -17,7 +17,7 @@ from services.common.grpc_serving import advertised_address
 from services.common.log import log_event
 from services.common.ready_file import write_ready_file
 from services.rollout.engine import RolloutEngine
-from services.rollout.eplb import ExpertMapError
+from services.rollout.eplb import ExpertMapError, check_map_against_checkpoint
 from services.rollout.grpc_server import start_grpc_server
 from services.rollout.http_server import build_http_app
 from services.rollout.collective_receiver import CollectiveReceiver
@@ -62,6 +62,13 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     """Serves until SIGTERM / SIGINT (then drains) or the engine's death; returns the exit status."""
     from vllm.utils.gc_utils import freeze_gc_heap
 
+    if cfg.generate_config.expert_map_path:
+        try:
+            check_map_against_checkpoint(cfg.generate_config.expert_map_path, options.model)
+        except ExpertMapError as exc:
+            log_event(log, "bad expert map; not starting this replica", level=logging.ERROR,
+                      error=f"generate_config.expert_map_path: {exc}")
+            return 2
     # 1. the engine (vLLM spawns its engine-core and worker processes here)
     engine = RolloutEngine.start(options.model, cfg, options.served_model_name)
     try:

@@ -7,8 +7,8 @@ import pytest
 
 from services.cli import main
 from services.rollout.eplb import (
-    ExpertMapError, contiguous_placement, device_loads, imbalance, layer_imbalance, load_report, plan_placement, read_expert_map,
-    spread_copies, write_expert_map,
+    ExpertMapError, check_map_against_checkpoint, checkpoint_moe_shape, contiguous_placement, device_loads, imbalance,
+    layer_imbalance, load_report, plan_placement, read_expert_map, spread_copies, write_expert_map,
 )
 
 # 3 MoE layers x 8 experts, Zipf-like: one or two hot experts per layer, in a different place in each layer.
@@ -119,3 +119,22 @@ def test_dockrl_eplb_plans_more_devices_than_experts_with_copies(tmp_path, capsy
     assert "contiguous: none (8 experts on 16 devices need copies)" in printed
     after = float(re.search(r"with the map ([0-9.]+)", printed).group(1))
     assert after == pytest.approx(imbalance(SKEWED, read_expert_map(out, 3, 8)), abs=1e-3)
+
+
+def test_a_map_is_checked_against_the_checkpoint_before_the_engine_starts(tmp_path):
+    """config.json says how many MoE layers and experts a Qwen MoE checkpoint has: a map of another shape, or a map
+    for a dense model, is refused without starting vLLM (the replica then exits 2 in a second)."""
+    moe, dense = tmp_path / "moe", tmp_path / "dense"
+    for path, config in ((moe, {"num_hidden_layers": 4, "num_experts": 8, "decoder_sparse_step": 1, "mlp_only_layers": [0]}),
+                         (dense, {"num_hidden_layers": 4})):
+        path.mkdir()
+        (path / "config.json").write_text(json.dumps(config))
+    assert checkpoint_moe_shape(moe) == (3, 8) and checkpoint_moe_shape(dense) == (0, 0)
+    assert checkpoint_moe_shape(tmp_path / "not-local") is None  # a hub name: the replica's own check decides
+    good = write_expert_map(tmp_path / "map.json", plan_placement(SKEWED, 4, 4))  # 3 layers x 8 experts
+    check_map_against_checkpoint(good, moe)
+    with pytest.raises(ExpertMapError, match="has no MoE layers"):
+        check_map_against_checkpoint(good, dense)
+    (moe / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "num_experts": 8}))
+    with pytest.raises(ExpertMapError, match="the model has 2 MoE layers"):
+        check_map_against_checkpoint(good, moe)
