@@ -1,13 +1,16 @@
 """Virtual pipeline (megatron's interleaved 1F1B schedule): PP 2 x VPP 2 on 2 ranks, a 4-layer model in 4 chunks, against
 one rank: loss, gradients, log-probs, update metrics and weights; the streamed weight gather against the HF checkpoint bit
-for bit; its checkpoint (model0/model1 per file) resumed to the same next step and converted to HF as the weights."""
+for bit; its checkpoint (model0/model1 per file) resumed to the same next step and converted to HF as the weights; the
+PPO critic's values and update."""
 import pathlib
 
 import pytest
 import torch
+from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update
 from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model, torchrun_ranks
 from virtual_pipeline_worker import VPP_BATCH, vpp_optimizer, vpp_update
 
+from services.trainer.algorithm.critic import build_critic, compute_values
 from services.trainer.modeling.checkpoint_convert import (MEGATRON_FILE, convert_megatron_to_hf, hf_conversions, load_hf_state,
                                                           megatron_to_hf)
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, run_micro_batches
@@ -45,6 +48,10 @@ def test_pp2_vpp2_trains_as_one_rank_streams_checkpoints_and_converts(tmp_path):
     update1 = vpp_update(model, optimizer, batch, 0)
     weights1 = {name: t.clone() for name, t in gather_hf_weights(model, layout).items()}  # some are views of the live weights
     update2 = vpp_update(model, optimizer, batch, 1)
+    critic = build_critic(layout, load_hf_state(hf_dir))
+    critic_batch = random_batch(**CRITIC_BATCH)
+    values = compute_values(critic, critic_batch, FORWARD)
+    critic_metrics, values_after = parity_critic_update(critic, critic_batch)
 
     ranks = torchrun_ranks(WORKER, 2, hf_dir, tmp_path / "out")
     original = load_hf_state(hf_dir)
@@ -67,6 +74,9 @@ def test_pp2_vpp2_trains_as_one_rank_streams_checkpoints_and_converts(tmp_path):
         # Resumed from the checkpoint of step 1: the same second step (weights, Adam moments, schedule restored).
         assert r["resumed_step"] == 1 and r["resumed_update2"] == r["update2"]
         assert all(torch.equal(r["resumed_weights2"][k], r["weights2"][k]) for k in original)
+        assert torch.allclose(r["values"], values, atol=1e-5) and torch.allclose(r["values_after"], values_after, atol=1e-5)
+        for name in ("vf_loss", "grad_norm"):
+            assert r["critic_update"][name] == pytest.approx(critic_metrics[name], rel=1e-5, abs=1e-5), name
 
     iteration = tmp_path / "out" / "ckpt" / "iter_0000001"
     shard = torch.load(iteration / "mp_rank_00_001" / MEGATRON_FILE, weights_only=False)

@@ -4,7 +4,8 @@ Usage: torchrun --nproc-per-node 2 virtual_pipeline_worker.py HF_DIR OUT_DIR
 Each rank writes OUT_DIR/rank{r}.pt with its pipeline rank, the loss and gradients (by chunk-prefixed megatron
 name) of one forward and backward over the batch's micro-batches, the packed log-probs, the weights streamed in
 HF names before any update, the metrics and gathered weights of two update steps, and those of the second step
-again after resuming from the checkpoint saved (to OUT_DIR/ckpt) between them.
+again after resuming from the checkpoint saved (to OUT_DIR/ckpt) between them; and the PPO critic's values, one
+critic step's metrics and the values after it.
 """
 import pathlib
 import sys
@@ -14,7 +15,10 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
+from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update  # noqa: E402
 from trainer_helpers import random_batch  # noqa: E402
+
+from services.trainer.algorithm.critic import build_critic, compute_values  # noqa: E402
 
 from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, save_checkpoint  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
@@ -89,6 +93,11 @@ def main() -> None:
     out["resumed_step"] = load_checkpoint(out_dir / "ckpt", resumed, resumed_optimizer).step
     out["resumed_update2"] = vpp_update(resumed, resumed_optimizer, batch, 1)
     out["resumed_weights2"] = weights_now(resumed, layout)
+
+    critic = build_critic(layout, load_hf_state(hf_dir))
+    critic_batch = random_batch(**CRITIC_BATCH)
+    out["values"] = compute_values(critic, critic_batch, FORWARD)
+    out["critic_update"], out["values_after"] = parity_critic_update(critic, critic_batch)
     torch.save(out, out_dir / f"rank{torch.distributed.get_rank()}.pt")
     destroy_parallel()
 
