@@ -21,7 +21,6 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-
 import torch.nn.functional as F
 
 from services.trainer.modeling.cpu_shims import megatron_on_cpu
