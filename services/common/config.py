@@ -155,6 +155,7 @@ class MegatronTrainingConfig:
     train_iters: PositiveInt = 1  # RL iterations
     tensor_model_parallel_size: PositiveInt = 1  # Megatron tensor parallel size
     pipeline_model_parallel_size: PositiveInt = 1  # Megatron pipeline parallel size
+    virtual_pipeline_model_parallel_size: int | None = None  # model chunks per pipeline stage: megatron's interleaved 1F1B schedule (>= 2, PP >= 2); null: 1F1B with one chunk
     context_parallel_size: PositiveInt = 1  # Megatron context parallel size: each sequence split over this many ranks (long responses)
     context_parallel_algo: str = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads)
     expert_model_parallel_size: PositiveInt = 1  # Megatron expert parallel size: each MoE layer's experts split over this many data-parallel ranks (must divide the model's experts)
@@ -507,6 +508,35 @@ def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:
                       "(each sequence is padded to a multiple of it and split into that many chunks)")
 
 
+def _validate_virtual_pipeline(cfg: Config, errors: list[str]) -> None:
+    """megatron_training.virtual_pipeline_model_parallel_size: what megatron-core 0.16.1's interleaved schedule needs.
+
+    num_hidden_layers a multiple of PP x VPP is checked when the model is built (it is in the model's config.json).
+    """
+    mt, rl, vpp = cfg.megatron_training, cfg.rl_config, cfg.megatron_training.virtual_pipeline_model_parallel_size
+    if vpp is None:
+        return
+    key, pp = "megatron_training.virtual_pipeline_model_parallel_size", mt.pipeline_model_parallel_size
+    if vpp < 2:
+        errors.append(f"{key}: {vpp}; use at least 2 chunks per stage, or null for the non-interleaved schedule")
+    if pp < 2:
+        errors.append(f"{key}: the interleaved schedule needs pipeline_model_parallel_size >= 2, got {pp}")
+    if mt.context_parallel_size > 1:
+        errors.append(f"{key}: not built with context_parallel_size > 1 (the schedule's one activation shape would have to "
+                      "pad each CP rank's share); set one of them to 1 (or null)")
+    if rl.use_dynamic_bsz:
+        errors.append(f"{key}: the interleaved schedule needs the micro-batch count a multiple of pipeline_model_parallel_size, "
+                      "which token-budget micro-batches (rl_config.use_dynamic_bsz) do not fix; set use_dynamic_bsz false")
+        return
+    mini = rl.mini_batch_size or cfg.samples_per_iteration
+    per_rank = mt.micro_batch_size * cfg.actor_data_parallel_size
+    # A mini-batch that is not a multiple of micro_batch_size x DP is reported by rl_config.mini_batch_size's own check.
+    if pp >= 2 and mini % per_rank == 0 and (mini // per_rank) % pp:
+        errors.append(f"{key}: the interleaved schedule needs the micro-batches of a mini-batch a multiple of "
+                      f"pipeline_model_parallel_size {pp}; rl_config.mini_batch_size {mini} / (micro_batch_size "
+                      f"{mt.micro_batch_size} x data-parallel size {cfg.actor_data_parallel_size}) = {mini // per_rank}")
+
+
 def _validate(cfg: Config, errors: list[str]) -> None:
     """The checks that span several keys (each key's own range or choices sit beside it, checked as it is read)."""
     mt, rl, gen, smp = cfg.megatron_training, cfg.rl_config, cfg.generate_config, cfg.generate_config.sampling_config
@@ -599,6 +629,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         )
     _validate_context_parallel(cfg, errors)
     _validate_routing_replay(cfg, errors)
+    _validate_virtual_pipeline(cfg, errors)
     if rl.mini_batch_size is not None:
         total = cfg.samples_per_iteration
         if rl.mini_batch_size <= 0 or total % rl.mini_batch_size:

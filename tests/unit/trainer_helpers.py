@@ -16,7 +16,8 @@ from services.common.tiny_model import build_tiny_model
 from services.trainer.modeling.logprobs import ResponseBatch
 
 
-def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed: int = 0, architecture: str = "qwen2") -> pathlib.Path:
+def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed: int = 0, architecture: str = "qwen2",
+                  num_layers: int = 2) -> pathlib.Path:
     """The foundation's tiny Qwen2 (or Qwen MoE) model with its weights redrawn larger (std 0.1, norms around 1).
 
     The default init (std 0.02) gives near-uniform logits, where a wrong head order or a
@@ -24,7 +25,8 @@ def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed
     """
     from safetensors.torch import load_file, save_file
 
-    path = build_tiny_model(out_dir, InitModelConfig(tie_word_embeddings=tie_word_embeddings, seed=seed, architecture=architecture))
+    path = build_tiny_model(out_dir, InitModelConfig(tie_word_embeddings=tie_word_embeddings, seed=seed, architecture=architecture,
+                                                     num_layers=num_layers))
     weights = path / "model.safetensors"
     gen = torch.Generator().manual_seed(seed + 1)
     state = load_file(str(weights))

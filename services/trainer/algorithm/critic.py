@@ -22,7 +22,7 @@ from services.trainer.modeling.logprobs import (ForwardConfig, ModelInputs, Resp
                                                 positions_predicting_responses)
 from services.trainer.algorithm.losses import value_loss
 from services.trainer.algorithm.masked import masked_mean
-from services.trainer.modeling.model import ModelLayout, build_model, compute_device
+from services.trainer.modeling.model import ModelLayout, build_model, compute_device, model_chunks
 from services.trainer.algorithm.update import broadcast_from_last_stage, mini_batch_order
 from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
@@ -54,7 +54,8 @@ class ValueHead(torch.nn.Linear):
 def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, seed: int = 1234,
                  cp_algo: str = "megatron_cp_algo", routing_replay: bool = False):
     """This rank's critic shard: build_model(layout) loaded from `hf_state`, the last stage's LM head replaced by a ValueHead
-    (with context parallel, its attention exchanges sequence shares by `cp_algo`, as the actor's).
+    (under a virtual pipeline: its last chunk's; with context parallel, its attention exchanges sequence shares by
+    `cp_algo`, as the actor's).
 
     init_parallel first. An untied layout allocates its vocabulary head for the load and frees it
     at the swap; a tied layout's embedding stays an input embedding only.
@@ -65,11 +66,13 @@ def build_critic(layout: ModelLayout, hf_state: dict[str, torch.Tensor], dtype: 
 
     model = build_model(layout, dtype, cp_algo, routing_replay)
     load_hf_into_model(model, hf_state, layout)
+    chunks = model_chunks(model)
     if parallel_state.is_pipeline_last_stage():
-        model.output_layer = ValueHead(layout.hidden_size, dtype, seed).to(compute_device())
+        chunks[-1].output_layer = ValueHead(layout.hidden_size, dtype, seed).to(compute_device())
     # No LM head is left to tie: GPTModel then passes no embedding weight to the head, and no
     # cross-stage embedding gradient sum is run.
-    model.share_embeddings_and_output_weights = False
+    for chunk in chunks:
+        chunk.share_embeddings_and_output_weights = False
     return model
 
 

@@ -6,7 +6,8 @@ expert parallel: of each TP/PP/EP position, whose experts differ) writes that po
 (its part of the weights, the optimizer's and the LR schedule's state); with the distributed
 optimizer the fp32 weights and Adam moments, sharded over the data-parallel ranks, are gathered
 into `distrib_optim.pt` beside it, as Megatron does (the experts' over the expert-data-parallel
-ranks, into their EP position's file). The tracker file is
+ranks, into their EP position's file). With a virtual pipeline the file holds each model chunk's
+state under `model0`, `model1`, ... as Megatron's does. The tracker file is
 written last, after a barrier, so a checkpoint interrupted half-way is never the one resumed.
 """
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from services.trainer.modeling.checkpoint_convert import MEGATRON_FILE, shard_dir_name
+from services.trainer.modeling.checkpoint_convert import (MEGATRON_FILE, chunked_payload, model_payload, payload_chunks,
+                                                            shard_dir_name)
+from services.trainer.modeling.model import model_chunks
 from services.trainer.modeling.optimizer import ModelOptimizer
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
@@ -107,7 +110,7 @@ def save_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, 
     if _is_data_parallel_leader():
         path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
-            "model": model.state_dict(),
+            **chunked_payload(model.state_dict(), len(model_chunks(model))),
             **optimizer.state_dict(),
             "distributed_optimizer": optimizer.distributed,
             "rng_state": _rng_state(),
@@ -148,7 +151,11 @@ def load_checkpoint(root: str | pathlib.Path, model, optimizer: ModelOptimizer, 
     if payload.get("distributed_optimizer", False) != optimizer.distributed:
         raise ValueError(f"megatron_training.use_distributed_optimizer: {optimizer.distributed}, but {path} was saved with "
                          f"{payload.get('distributed_optimizer', False)}; resume with the setting it was saved with")
-    load_shard(model, {k: v for k, v in payload["model"].items() if not k.endswith("_extra_state")})
+    saved_chunks = payload_chunks(payload)
+    if saved_chunks != len(model_chunks(model)):
+        raise ValueError(f"megatron_training.virtual_pipeline_model_parallel_size: {path} holds {saved_chunks} model chunk(s) "
+                         f"per stage, this model {len(model_chunks(model))}; resume with the setting it was saved with")
+    load_shard(model, {k: v for k, v in model_payload(payload).items() if not k.endswith("_extra_state")})
     optimizer.load_state_dict(payload)
     if optimizer.distributed and payload["optimizer"] is not None:  # None: saved before the first step
         optimizer.load_sharded_state(path.parent / DISTRIBUTED_OPTIMIZER_FILE)

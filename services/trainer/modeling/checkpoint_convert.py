@@ -1,4 +1,4 @@
-"""Hugging Face safetensors <-> megatron-core GPTModel state dicts, for any TP x PP split.
+"""Hugging Face safetensors <-> megatron-core GPTModel state dicts, for any TP x PP (x VPP) split.
 
 Megatron fuses q/k/v into one `linear_qkv` laid out per query group ([q heads of the group, k, v]
 for each of the num_key_value_heads groups), and gate/up into one SwiGLU `linear_fc1` ([gate; up]
@@ -11,6 +11,11 @@ SwiGLU MLP mapped as the dense one (`mlp.experts.{e}.*` <-> `mlp.experts.local_e
 (`mlp.gate` <-> `mlp.router`), the shared expert's sigmoid gate and Qwen3's q/k norms are
 replicated. Shards here hold every expert, numbered globally; `expert_parallel_part` keeps one
 expert-parallel rank's experts, renumbered locally as megatron's SequentialMLP names them.
+
+With a virtual pipeline (VPP chunks per stage) a shard names chunk v's tensors `v.<megatron name>` (the
+state dict of model.ModelChunks); chunk v of stage p holds the layers of virtual stage v x PP + p, as
+megatron's get_transformer_layer_offset numbers them. A checkpoint file stores the chunks as Megatron does,
+under `model0`, `model1`, ... instead of `model`.
 """
 from __future__ import annotations
 
@@ -86,20 +91,30 @@ def _split_qkv(shards: list[torch.Tensor], layout: ModelLayout) -> tuple[torch.T
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def _layers_of_stage(layout: ModelLayout, pp: int, pp_rank: int) -> range:
-    per_stage = layout.num_layers // pp
-    return range(pp_rank * per_stage, (pp_rank + 1) * per_stage)
+def _virtual_stages(layout: ModelLayout, pp: int, vpp: int) -> list[tuple[int, str, range]]:
+    """(pipeline rank, chunk's name prefix, global layers) of every chunk, in layer order: virtual stage g = v x PP + p
+    holds layers g x L / (PP x VPP) onwards (megatron's get_transformer_layer_offset)."""
+    per_chunk = layout.num_layers // (pp * vpp)
+    return [(g % pp, f"{g // pp}." if vpp > 1 else "", range(g * per_chunk, (g + 1) * per_chunk)) for g in range(pp * vpp)]
 
 
-def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: ModelLayout, tp: int = 1, pp: int = 1) -> dict[ShardKey, dict[str, torch.Tensor]]:
-    """Splits a HF state dict into megatron GPTModel state dicts, one per (pp_rank, tp_rank)."""
-    layout.check_parallel(tp, pp)
+def chunk_prefixes(vpp: int) -> tuple[str, str]:
+    """The name prefixes of the chunk holding the embedding (stage 0's first) and of the one holding the head (the last
+    stage's last)."""
+    return ("0.", f"{vpp - 1}.") if vpp > 1 else ("", "")
+
+
+def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: ModelLayout, tp: int = 1, pp: int = 1,
+                   vpp: int = 1) -> dict[ShardKey, dict[str, torch.Tensor]]:
+    """Splits a HF state dict into megatron GPTModel state dicts, one per (pp_rank, tp_rank) (chunk-prefixed names with vpp > 1)."""
+    layout.check_parallel(tp, pp, vpp=vpp)
     out: dict[ShardKey, dict[str, torch.Tensor]] = {(p, t): {} for p in range(pp) for t in range(tp)}
     embed = hf["model.embed_tokens.weight"].chunk(tp, dim=0)
     head = embed if layout.tie_word_embeddings else hf["lm_head.weight"].chunk(tp, dim=0)
-    for p in range(pp):
-        for local, i in enumerate(_layers_of_stage(layout, pp, p)):
-            src, dst = f"model.layers.{i}.", f"decoder.layers.{local}."
+    first, last = chunk_prefixes(vpp)
+    for p, chunk, layers in _virtual_stages(layout, pp, vpp):
+        for local, i in enumerate(layers):
+            src, dst = f"model.layers.{i}.", f"{chunk}decoder.layers.{local}."
             qkv = {kind: _fuse_qkv(*(hf[f"{src}self_attn.{x}_proj.{kind}"] for x in "qkv"), layout, tp)
                    for kind in (("weight", "bias") if layout.qkv_bias else ("weight",))}
             for t in range(tp):
@@ -115,14 +130,12 @@ def hf_to_megatron(hf: Mapping[str, torch.Tensor], layout: ModelLayout, tp: int 
                     shard[dst + mg_name] = hf[src + hf_name].chunk(tp, dim=1)[t].clone()
                 for hf_name, mg_name in _replicated(layout).items():
                     shard[dst + mg_name] = hf[src + hf_name].clone()
-        for t in range(tp):
-            if p == 0:
-                out[(p, t)]["embedding.word_embeddings.weight"] = embed[t].clone()
-            if p == pp - 1:
-                out[(p, t)]["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
-                # Tied embeddings on one stage share the embedding tensor; across stages the last keeps a copy.
-                if not layout.tie_word_embeddings or pp > 1:
-                    out[(p, t)]["output_layer.weight"] = head[t].clone()
+    for t in range(tp):
+        out[(0, t)][f"{first}embedding.word_embeddings.weight"] = embed[t].clone()
+        out[(pp - 1, t)][f"{last}decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
+        # Tied embeddings on one stage share the embedding tensor; across stages the last keeps a copy.
+        if not layout.tie_word_embeddings or pp > 1:
+            out[(pp - 1, t)][f"{last}output_layer.weight"] = head[t].clone()
     return out
 
 
@@ -132,13 +145,13 @@ class HfConversion:
     conversion works on, so a weight push can gather and convert the model one tensor at a time."""
 
     pp_rank: int
-    name: str  # megatron name, local to the stage
+    name: str  # megatron name, local to the stage (chunk-prefixed under a virtual pipeline)
     tp_split: bool  # split over TP ranks (else every TP rank holds it whole and TP rank 0's copy is used)
     to_hf: Callable[[list[torch.Tensor]], dict[str, torch.Tensor]]  # the TP ranks' parts (one when not split) -> HF tensors
 
 
-def hf_conversions(layout: ModelLayout, pp: int) -> list[HfConversion]:
-    """Every megatron tensor a tp x pp split holds that has an HF counterpart, in HF checkpoint order."""
+def hf_conversions(layout: ModelLayout, pp: int, vpp: int = 1) -> list[HfConversion]:
+    """Every megatron tensor a tp x pp (x vpp) split holds that has an HF counterpart, in HF checkpoint order."""
     def cat(hf_name: str, dim: int):
         return lambda parts: {hf_name: torch.cat(parts, dim=dim)}
 
@@ -155,10 +168,11 @@ def hf_conversions(layout: ModelLayout, pp: int) -> list[HfConversion]:
                     f"{dst}up_proj.weight": torch.cat([u for _, u in halves], dim=0)}
         return split
 
-    plan = [HfConversion(0, "embedding.word_embeddings.weight", True, cat("model.embed_tokens.weight", 0))]
-    for p in range(pp):
-        for local, i in enumerate(_layers_of_stage(layout, pp, p)):
-            src, dst = f"decoder.layers.{local}.", f"model.layers.{i}."
+    first, last = chunk_prefixes(vpp)
+    plan = [HfConversion(0, f"{first}embedding.word_embeddings.weight", True, cat("model.embed_tokens.weight", 0))]
+    for p, chunk, layers in _virtual_stages(layout, pp, vpp):
+        for local, i in enumerate(layers):
+            src, dst = f"{chunk}decoder.layers.{local}.", f"model.layers.{i}."
             for kind in ("weight", "bias") if layout.qkv_bias else ("weight",):
                 plan.append(HfConversion(p, f"{src}self_attention.linear_qkv.{kind}", True, qkv(dst, kind)))
             for hf_mlp, mg_mlp in _mlps(layout):
@@ -168,10 +182,16 @@ def hf_conversions(layout: ModelLayout, pp: int) -> list[HfConversion]:
                 plan.append(HfConversion(p, src + mg_name, True, cat(dst + hf_name, 1)))
             for hf_name, mg_name in _replicated(layout).items():
                 plan.append(HfConversion(p, src + mg_name, False, whole(dst + hf_name)))
-    plan.append(HfConversion(pp - 1, "decoder.final_layernorm.weight", False, whole("model.norm.weight")))
+    plan.append(HfConversion(pp - 1, f"{last}decoder.final_layernorm.weight", False, whole("model.norm.weight")))
     if not layout.tie_word_embeddings:
-        plan.append(HfConversion(pp - 1, "output_layer.weight", True, cat("lm_head.weight", 0)))
+        plan.append(HfConversion(pp - 1, f"{last}output_layer.weight", True, cat("lm_head.weight", 0)))
     return plan
+
+
+def chunk_count(shard: Mapping[str, torch.Tensor]) -> int:
+    """The model chunks a shard's names come from: 1 + the largest chunk prefix `v.` (1 when unprefixed)."""
+    prefixes = [name.partition(".")[0] for name in shard]
+    return 1 + max((int(p) for p in prefixes if p.isdigit()), default=0)
 
 
 def megatron_to_hf(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], layout: ModelLayout) -> dict[str, torch.Tensor]:
@@ -179,7 +199,7 @@ def megatron_to_hf(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], layout
     pp = 1 + max(p for p, _ in shards)
     tp = 1 + max(t for _, t in shards)
     hf: dict[str, torch.Tensor] = {}
-    for c in hf_conversions(layout, pp):
+    for c in hf_conversions(layout, pp, chunk_count(shards[(0, 0)])):
         hf.update(c.to_hf([shards[(c.pp_rank, t)][c.name] for t in (range(tp) if c.tp_split else (0,))]))
     return hf
 
@@ -275,7 +295,7 @@ def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.
             payload = torch.load(f, map_location="cpu", weights_only=True)
         # A training checkpoint names its ranks (Megatron's mp_rank_TT_EEE reads like mp_rank_TT_PPP); a converted one has TT[_PPP].
         ranks = payload.get("parallel_ranks") or dict(zip(("tp_rank", "pp_rank"), map(int, f.parent.name.split("_")[2:])))
-        model = {k: v for k, v in payload["model"].items() if not k.endswith("_extra_state")}
+        model = {k: v for k, v in model_payload(payload).items() if not k.endswith("_extra_state")}
         key = (ranks.get("pp_rank", 0), ranks["tp_rank"])
         by_expert_rank.setdefault(key, {})[ranks.get("ep_rank", 0)] = model
     if not by_expert_rank:
@@ -284,6 +304,30 @@ def load_megatron(mg_dir: str | pathlib.Path) -> dict[ShardKey, dict[str, torch.
         return {key: parts[0] for key, parts in by_expert_rank.items()}
     layout = ModelLayout.from_hf_dir(pathlib.Path(mg_dir) / "hf_config")
     return {key: merge_expert_parallel([parts[r] for r in sorted(parts)], layout) for key, parts in by_expert_rank.items()}
+
+
+def chunked_payload(state: Mapping[str, torch.Tensor], chunks: int) -> dict[str, dict[str, torch.Tensor]]:
+    """A model's state dict as a checkpoint file stores it: under "model", or with a virtual pipeline each chunk's
+    under "model0", "model1", ... (Megatron's keys), its names without the chunk prefix."""
+    if chunks == 1:
+        return {"model": dict(state)}
+    out: dict[str, dict[str, torch.Tensor]] = {f"model{v}": {} for v in range(chunks)}
+    for name, tensor in state.items():
+        v, _, rest = name.partition(".")
+        out[f"model{v}"][rest] = tensor
+    return out
+
+
+def payload_chunks(payload: Mapping) -> int:
+    """How many model chunks a checkpoint file holds: 1 under "model", else its model0, model1, ... keys."""
+    return 1 if "model" in payload else sum(key.startswith("model") and key[len("model"):].isdigit() for key in payload)
+
+
+def model_payload(payload: Mapping) -> dict[str, torch.Tensor]:
+    """The inverse of chunked_payload: a checkpoint file's model state, chunk-prefixed when it holds model0, model1, ..."""
+    if "model" in payload:
+        return dict(payload["model"])
+    return {f"{v}.{name}": tensor for v in range(payload_chunks(payload)) for name, tensor in payload[f"model{v}"].items()}
 
 
 def copy_hf_side_files(src: str | pathlib.Path, dst: str | pathlib.Path) -> None:
@@ -342,10 +386,12 @@ def load_hf_into_model(model, hf: Mapping[str, torch.Tensor], layout: ModelLayou
     """Loads this rank's (pp_rank, tp_rank) part of a HF state dict into `model`."""
     from megatron.core import parallel_state
 
+    from services.trainer.modeling.model import virtual_pipeline_size
+
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     key = (parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_tensor_model_parallel_rank())
-    shard = hf_to_megatron(hf, layout, tp, pp)[key]
+    shard = hf_to_megatron(hf, layout, tp, pp, virtual_pipeline_size())[key]
     if layout.is_moe:
         shard = expert_parallel_part(shard, layout, parallel_state.get_expert_model_parallel_world_size(),
                                      parallel_state.get_expert_model_parallel_rank())

@@ -87,8 +87,9 @@ class ModelLayout:
             **moe,
         )
 
-    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo", ep: int = 1) -> None:
-        """Raises ValueError naming the key when the model cannot be split tp x pp (x cp) ways, its experts ep ways."""
+    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo", ep: int = 1, vpp: int = 1) -> None:
+        """Raises ValueError naming the key when the model cannot be split tp x pp (x cp) ways, each stage into vpp
+        chunks, its experts ep ways."""
         widths = [("num_key_value_heads", self.num_key_value_heads), ("num_attention_heads", self.num_attention_heads),
                   ("vocab_size", self.vocab_size)]
         if self.is_moe:
@@ -101,6 +102,9 @@ class ModelLayout:
                 raise ValueError(f"megatron_training.tensor_model_parallel_size: {tp} does not divide the model's {what} {size}")
         if self.num_layers % pp:
             raise ValueError(f"megatron_training.pipeline_model_parallel_size: {pp} does not divide num_hidden_layers {self.num_layers}")
+        if self.num_layers % (pp * vpp):
+            raise ValueError(f"megatron_training.virtual_pipeline_model_parallel_size: {vpp} chunks on each of {pp} stages do not "
+                             f"divide num_hidden_layers {self.num_layers} (megatron needs it a multiple of PP x VPP = {pp * vpp})")
         if cp > 1 and cp_algo == "ulysses_cp_algo" and (self.num_attention_heads // tp) % cp:
             raise ValueError(f"megatron_training.context_parallel_size: {cp} does not divide the {self.num_attention_heads // tp} "
                              f"attention heads of a tensor-parallel rank (num_attention_heads {self.num_attention_heads} / TP {tp}); "
@@ -172,10 +176,12 @@ def default_backend() -> str:
     return "gloo"
 
 
-def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234, cp: int = 1, ep: int = 1) -> None:
+def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234, cp: int = 1, ep: int = 1,
+                  vpp: int = 1) -> None:
     """Initialises torch.distributed (from torchrun's env, or a single local process) and megatron's groups.
 
-    `ep` splits each MoE layer's experts over that many ranks, carved out of the data-parallel ones.
+    `ep` splits each MoE layer's experts over that many ranks, carved out of the data-parallel ones; `vpp` > 1
+    gives each pipeline stage that many model chunks (megatron's interleaved schedule).
 
     Applies the CPU shims when there is no accelerator. Safe to call twice with the same sizes.
     """
@@ -199,8 +205,9 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
             dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     if parallel_state.model_parallel_is_initialized():
         sizes = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
-                 parallel_state.get_context_parallel_world_size(), parallel_state.get_expert_model_parallel_world_size())
-        if sizes != (tp, pp, cp, ep):
+                 parallel_state.get_context_parallel_world_size(), parallel_state.get_expert_model_parallel_world_size(),
+                 virtual_pipeline_size())
+        if sizes != (tp, pp, cp, ep, vpp):
             raise RuntimeError("init_parallel: already initialised with other tensor/pipeline/context/expert parallel sizes")
         return
     if dist.get_world_size() % (tp * pp * cp):
@@ -210,12 +217,20 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
                          f"TP {tp} x PP {pp} x EP {ep}")
     # Data-parallel groups leave the CP ranks out (they hold the same samples); gradients are reduced over DP x CP.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                             context_parallel_size=cp, expert_model_parallel_size=ep)
+                                             context_parallel_size=cp, expert_model_parallel_size=ep,
+                                             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
     torch.manual_seed(seed)
     if not on_cpu:
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def virtual_pipeline_size() -> int:
+    """Model chunks per pipeline stage (init_parallel's `vpp`): 1 without the interleaved schedule."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
 
 
 def destroy_parallel() -> None:
@@ -229,7 +244,7 @@ def destroy_parallel() -> None:
 
 
 def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32, cp: int = 1,
-                       cp_algo: str = "megatron_cp_algo", ep: int = 1, routing_replay: bool = False):
+                       cp_algo: str = "megatron_cp_algo", ep: int = 1, vpp: int = 1, routing_replay: bool = False):
     """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU).
 
     `routing_replay` gives each MoE router megatron's RouterReplay (routing_replay.py drives it).
@@ -258,6 +273,7 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         context_parallel_size=cp,
         cp_comm_type=CP_ALGOS[cp_algo] if cp > 1 else None,
         expert_model_parallel_size=ep,
@@ -265,7 +281,13 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         **(_moe_config(layout, routing_replay) if layout.is_moe else {}),
         params_dtype=dtype,
         pipeline_dtype=dtype,
-        variable_seq_lengths=pp > 1,  # micro-batches differ in length: the 1F1B schedule sends each tensor's shape first
+        # Micro-batches differ in length: the 1F1B schedule sends each tensor's shape first. The interleaved one
+        # sends one fixed shape (pipeline.py pads every micro-batch to it).
+        variable_seq_lengths=pp > 1 and vpp == 1,
+        # Interleaved with PP 2, a stage's next and previous stage are one rank, and a batched exchange can match the
+        # activation sent one way with the gradient sent the same way (same shape: silently swapped). Megatron's
+        # unbatched exchange orders them by rank parity and puts the two directions on separate groups.
+        batch_p2p_comm=vpp == 1,
         # megatron-core refuses variable lengths beside its default MoE dispatcher, even in a dense model.
         moe_token_dispatcher_type="alltoall",
         bf16=dtype == torch.bfloat16,
@@ -297,12 +319,32 @@ def _moe_config(layout: ModelLayout, routing_replay: bool) -> dict:
     )
 
 
+class ModelChunks(torch.nn.ModuleList):
+    """A pipeline stage's model chunks under the interleaved schedule (virtual pipeline), in chunk order.
+
+    Its state dict names chunk v's tensors `v.<megatron name>`, the names checkpoint_convert and the weight gather use.
+    """
+
+    @property
+    def config(self):
+        """The TransformerConfig every chunk was built from (one object)."""
+        return self[0].config
+
+
+def model_chunks(model) -> list:
+    """The GPTModels of `model`: its chunks under the interleaved schedule, else the model alone."""
+    return list(model) if isinstance(model, ModelChunks) else [model]
+
+
 def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo: str = "megatron_cp_algo",
                 routing_replay: bool = False):
     """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice.
 
     With context parallel (init_parallel's `cp`) its attention exchanges sequence shares by `cp_algo`
-    (ulysses_cp_algo | megatron_cp_algo). `routing_replay` (rl_config.routing_replay) needs an MoE layout.
+    (ulysses_cp_algo | megatron_cp_algo). With a virtual pipeline (init_parallel's `vpp`) a ModelChunks of vpp
+    GPTModels, chunk v holding megatron's global layers (v x PP + stage) x L / (PP x VPP) onwards
+    (`get_transformer_layer_offset`), the embedding in stage 0's chunk 0, the head in the last stage's last chunk.
+    `routing_replay` (rl_config.routing_replay) needs an MoE layout.
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -315,7 +357,8 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     cp = parallel_state.get_context_parallel_world_size()
     ep = parallel_state.get_expert_model_parallel_world_size()
-    layout.check_parallel(tp, pp, cp, cp_algo, ep)
+    vpp = virtual_pipeline_size()
+    layout.check_parallel(tp, pp, cp, cp_algo, ep, vpp)
     if routing_replay and not layout.is_moe:
         raise ValueError("rl_config.routing_replay: the model has no MoE layers, so there is no routing to replay")
     if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
@@ -331,16 +374,22 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=layout.qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
-    model = GPTModel(
-        transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep, routing_replay),
-        transformer_layer_spec=spec,
-        vocab_size=layout.vocab_size,
-        max_sequence_length=layout.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        parallel_output=True,  # each TP rank keeps its vocabulary slice; log-probs reduce over TP (logprobs.py)
-        share_embeddings_and_output_weights=layout.tie_word_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(layout.rope_theta),
-    )
+    config = transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep, vpp, routing_replay)
+
+    def chunk(vp_stage: int | None):
+        return GPTModel(
+            config,
+            transformer_layer_spec=spec,
+            vocab_size=layout.vocab_size,
+            max_sequence_length=layout.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            parallel_output=True,  # each TP rank keeps its vocabulary slice; log-probs reduce over TP (logprobs.py)
+            share_embeddings_and_output_weights=layout.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(layout.rope_theta),
+            vp_stage=vp_stage,
+        )
+
+    model = chunk(None) if vpp == 1 else ModelChunks(chunk(v) for v in range(vpp))
     return model.to(compute_device())

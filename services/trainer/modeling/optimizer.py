@@ -26,7 +26,7 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine")
 class ModelOptimizer:
     """One model's DDP wrapper, megatron optimizer and LR schedule, stepped as one."""
 
-    ddp: Any  # megatron.core.distributed.DistributedDataParallel around the model
+    ddps: list  # megatron.core.distributed.DistributedDataParallel around each model chunk (one without a virtual pipeline)
     optimizer: Any  # megatron.core.optimizer.ChainedOptimizer
     scheduler: Any  # megatron.core.optimizer_param_scheduler.OptimizerParamScheduler
     distributed: bool  # the distributed optimizer (state sharded over data-parallel ranks)
@@ -46,7 +46,8 @@ class ModelOptimizer:
 
     def zero_grad(self) -> None:
         """Clears the gradient buffers before a mini-batch's micro-batches accumulate into them."""
-        self.ddp.zero_grad_buffer()
+        for ddp in self.ddps:
+            ddp.zero_grad_buffer()
         self.optimizer.zero_grad()
 
     def step(self) -> tuple[float, float]:
@@ -58,7 +59,7 @@ class ModelOptimizer:
 
         lr = self.optimizer.param_groups[0]["lr"]
         with megatron_on_cpu():
-            finalize_model_grads([self.ddp])
+            finalize_model_grads(self.ddps)
             ok, grad_norm, _ = self.optimizer.step()
         self.scheduler.step(1)
         return (float(grad_norm) if ok and grad_norm is not None else float("nan")), lr
@@ -109,7 +110,8 @@ class ModelOptimizer:
 
 def build_optimizer(model, mt, total_steps: int) -> ModelOptimizer:
     """megatron-core DDP and Adam (AdamW's decoupled weight decay) over `model`, with megatron's
-    OptimizerParamScheduler (warmup, then constant/linear/cosine).
+    OptimizerParamScheduler (warmup, then constant/linear/cosine). A virtual pipeline's chunks (ModelChunks) are
+    wrapped one DDP each and the optimizer gets the list, as Megatron's get_model and setup_model_and_optimizer do.
 
     `mt` is the megatron_training section (lr, min_lr, Adam betas and eps, weight decay,
     clip_grad, bf16, use_distributed_optimizer); `total_steps` the optimizer steps of the run.
@@ -119,6 +121,8 @@ def build_optimizer(model, mt, total_steps: int) -> ModelOptimizer:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    from services.trainer.modeling.model import model_chunks
+
     if mt.lr_decay_style not in LR_DECAY_STYLES:
         raise ValueError(f"megatron_training.lr_decay_style: {mt.lr_decay_style!r} is not one of {', '.join(LR_DECAY_STYLES)}")
     distributed = bool(mt.use_distributed_optimizer)
@@ -126,18 +130,17 @@ def build_optimizer(model, mt, total_steps: int) -> ModelOptimizer:
     with megatron_on_cpu():
         # Gradients are reduced once per optimizer step (overlap needs no_sync across micro-batches,
         # which the hand-run micro-batch loop does not give DDP yet).
-        ddp = DistributedDataParallel(
-            model.config,
-            DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                          use_distributed_optimizer=distributed),
-            model,
-        )
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=distributed)
+        # Megatron buckets only the first chunk's gradients; the others' reduce as one bucket each.
+        ddps = [DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=v > 0)
+                for v, chunk in enumerate(model_chunks(model))]
         optimizer = get_megatron_optimizer(
             OptimizerConfig(optimizer="adam", lr=mt.lr, min_lr=mt.min_lr, weight_decay=mt.weight_decay,
                             adam_beta1=mt.adam_beta1, adam_beta2=mt.adam_beta2, adam_eps=mt.adam_eps,
                             clip_grad=mt.clip_grad, bf16=params_dtype == torch.bfloat16, params_dtype=params_dtype,
                             use_distributed_optimizer=distributed),
-            [ddp],
+            ddps,
         )
     total_steps = max(1, total_steps)
     warmup = min(int(mt.lr_warmup_fraction * total_steps), total_steps - 1)
@@ -146,4 +149,4 @@ def build_optimizer(model, mt, total_steps: int) -> ModelOptimizer:
         lr_decay_steps=total_steps, lr_decay_style=mt.lr_decay_style, start_wd=mt.weight_decay, end_wd=mt.weight_decay,
         wd_incr_steps=total_steps, wd_incr_style="constant",
     )
-    return ModelOptimizer(ddp, optimizer, scheduler, distributed)
+    return ModelOptimizer(ddps, optimizer, scheduler, distributed)

@@ -20,7 +20,8 @@ WHOLE_GATHER_BUCKET_MB = 64
 
 
 class HfWeightStream:
-    """`state` (this rank's tensors by megatron name) gathered from every rank into HF names, one bucket at a time.
+    """`state` (this rank's tensors by megatron name, chunk-prefixed under a virtual pipeline) gathered from every rank
+    into HF names, one bucket at a time.
 
     A collective: every rank of the model's TP, PP and EP groups builds it and iterates it to the end, in
     step; each gets the same buckets. Floating tensors are cast to `dtype` when given (the rollout's), so a
@@ -31,6 +32,8 @@ class HfWeightStream:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
+        from services.trainer.modeling.model import virtual_pipeline_size
+
         self.bucket_mb, self.dtype = bucket_mb, dtype
         self._state = state
         self._layout = layout
@@ -38,7 +41,8 @@ class HfWeightStream:
         self._pp = ps.get_pipeline_model_parallel_world_size()
         self._ep = ps.get_expert_model_parallel_world_size()
         self._pp_rank = ps.get_pipeline_model_parallel_rank()
-        self._conversions = hf_conversions(layout, self._pp)
+        # Under a virtual pipeline `state` holds every chunk of the stage, its names chunk-prefixed, as the conversions name them.
+        self._conversions = hf_conversions(layout, self._pp, virtual_pipeline_size())
         # Each stage's tensor shapes (metadata only): the other stages' ranks receive into buffers of these.
         shapes = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
         self._stage_shapes = [shapes]
