@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 import torch
-from trainer_helpers import tiny_hf_model, torchrun_ranks
+from trainer_helpers import megatron_tp1, tiny_hf_model, torchrun_ranks
 
 from services.common.weight_wire import MIB
 from services.trainer.modeling.checkpoint_convert import load_hf_state
@@ -34,6 +34,20 @@ def test_streamed_buckets_are_the_checkpoint_and_hold_about_one_bucket(tmp_path,
         assert streamed.keys() == checkpoint.keys()
         for name, tensor in checkpoint.items():
             assert streamed[name].dtype == tensor.dtype and torch.equal(streamed[name], tensor), name
-        # Gathering first holds the whole model (less the norms, which alias the model's own): the bound below fails it.
+        # Gathering first holds the whole model: the bound below fails it.
         assert rank["peak_whole"] > 0.95 * model_bytes > 2 * limit
         assert 0 < rank["peak_stream"] < 2 * limit, rank["peak_stream"]
+
+
+def test_the_whole_gather_is_a_copy_that_a_later_step_does_not_move(tmp_path):
+    """Tests and checks keep gather_hf_weights' dict across updates: at TP 1 the tensors it passes through unconverted
+    (norms, biases) must not be the model's own, or the next optimizer step would change the kept copy too."""
+    from services.trainer.weights.gather import gather_hf_weights
+
+    model, layout = megatron_tp1(tiny_hf_model(tmp_path / "hf"))
+    kept = gather_hf_weights(model, layout)
+    before = {name: t.clone() for name, t in kept.items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # what an optimizer step does to every parameter, in place
+    assert all(torch.equal(kept[name], before[name]) for name in kept)

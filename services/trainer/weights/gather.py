@@ -146,5 +146,10 @@ def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
 
 
 def gather_hf_tensors(state: dict[str, torch.Tensor], layout) -> dict[str, torch.Tensor]:
-    """`state` (this rank's tensors by megatron name: its weights, or gradients) gathered from every rank into HF names."""
-    return {name: t for bucket in HfWeightStream(state, layout, WHOLE_GATHER_BUCKET_MB) for name, t in bucket.items()}
+    """`state` (this rank's tensors by megatron name: its weights, or gradients) gathered from every rank into HF names.
+
+    Copies, never the live tensors: a tensor the stream passes through unconverted (a norm, a router at TP 1) would
+    otherwise move with the next optimizer step in the caller's dict."""
+    live = {t.data_ptr() for t in state.values()}
+    return {name: t.clone() if t.data_ptr() in live else t
+            for bucket in HfWeightStream(state, layout, WHOLE_GATHER_BUCKET_MB) for name, t in bucket.items()}
