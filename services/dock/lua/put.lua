@@ -36,17 +36,21 @@ local n = tonumber(meta.n)
 
 -- Rows new to the pool: admitted, and their groups enter the age set at 0 and the admission
 -- order at (this round, group id), so claims can take the groups admitted first first.
-local admitted, new_groups, new_order = 0, {}, {}
+-- One entry per group, not per row: a prompts put admits n rows of each group.
+local admitted, new_groups, new_order, seen = 0, {}, {}, {}
 local round = tonumber(redis.call('HGET', k('meta'), 'rounds') or '0')
 local groups_total = math.floor(tonumber(meta.capacity) / n)
 for i, was in ipairs(set_bits(k('live'), rows, 1)) do
   if was == 0 then
     local group = math.floor(tonumber(rows[i]) / n)
     admitted = admitted + 1
-    new_groups[#new_groups + 1] = 0
-    new_groups[#new_groups + 1] = group
-    new_order[#new_order + 1] = round * groups_total + group
-    new_order[#new_order + 1] = group
+    if not seen[group] then
+      seen[group] = true
+      new_groups[#new_groups + 1] = 0
+      new_groups[#new_groups + 1] = group
+      new_order[#new_order + 1] = round * groups_total + group
+      new_order[#new_order + 1] = group
+    end
   end
 end
 if admitted > 0 then
