@@ -59,11 +59,16 @@ if admitted > 0 then
   batched('ZADD', k('order'), new_order, 'NX')
 end
 
+-- The columns that hold values: begin_iteration removes only theirs (lib.lua's drop_rows).
+local names = {}
+for c = 0, ncols - 1 do names[#names + 1] = ARGV[10 + nrows + 2 * c] end
+redis.call('SADD', k('stored'), unpack(names))
 for c = 0, ncols - 1 do
   local name, appendable = ARGV[10 + nrows + 2 * c], ARGV[11 + nrows + 2 * c] == '1'
+  local prefix = value_prefix(name)
   local writes = {}  -- key, value pairs for MSET: one command per 500 values instead of a SET each
   for i, row in ipairs(rows) do
-    local value, dst = ARGV[first_value + c * nrows + i - 1], value_key(name, row)
+    local value, dst = ARGV[first_value + c * nrows + i - 1], prefix .. row
     if append and appendable and redis.call('EXISTS', dst) == 1 then
       -- 1-D values: dimension 0 (bytes 3-6) grows, the data is appended after the stored data.
       local length = struct.unpack('<I4', redis.call('GETRANGE', dst, 2, 5)) + struct.unpack('<I4', value, 3)
