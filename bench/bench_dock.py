@@ -42,7 +42,7 @@ import multiprocessing
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,6 +91,8 @@ class BenchPool:
     dock: object
     live_rounds: int  # admission rounds in the pool at once (1: each iteration's rows are trained before the next come)
     origin: dict[int, int]
+    round_of: dict[int, int] = field(default_factory=dict)  # pool row -> the admission (1, 2, ...) that put it
+    admitted: int = 0  # admissions so far
 
 
 def claims_of(dock, consumer: str, columns, dispatch: int, limit: int | None):
@@ -110,6 +112,8 @@ def admit(pool: BenchPool, data: IterationData) -> None:
     groups = pool.dock.begin_iteration(data.rows // N)[:data.rows // N]
     put_rows = pool.dock.rows_of(groups)
     pool.origin.update(zip(put_rows, range(data.rows)))
+    pool.admitted += 1
+    pool.round_of.update(dict.fromkeys(put_rows, pool.admitted))
     pool.dock.put(put_rows, data.columns(PROMPT_COLUMNS, put_rows, pool.origin))
 
 
@@ -126,7 +130,9 @@ def dock_iteration(pool: BenchPool, data: IterationData, claims: int) -> float:
     limit = rows if pool.live_rounds > 1 else None
     start = time.perf_counter()
     admit(pool, data)
+    oldest = pool.admitted - pool.live_rounds + 1  # every consumer takes this round's rows (claims go oldest first)
     for c in claims_of(dock, "actor_rollout", ["prompts"], dispatch, limit):
+        assert all(pool.round_of[r] == oldest for r in c.indexes), "a rollout claim took a younger round's rows first"
         dock.put(c.indexes, data.columns(ROLLOUT_COLUMNS, c.indexes, pool.origin), lease=c.lease, version=0)
     for c in claims_of(dock, "rule_reward", REWARD_READS, dispatch, limit):
         dock.put(c.indexes, data.columns(("rm_scores",), c.indexes, pool.origin), lease=c.lease)
