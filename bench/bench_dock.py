@@ -11,8 +11,13 @@ what a person would write instead: SET every encoded value in one pipeline per s
 same values back in the same chunks, with no flags, leases or checks. The two run side by side,
 interleaved, on a private redis-server (the shared one is left alone); figures are medians.
 
+A third path runs the same iteration on a pool that keeps `--live-rounds` admission rounds (default
+2), as asynchronous RL with max_staleness >= 1 does: the older rounds' prompts wait in the pool,
+each consumer takes one round's rows, oldest first, and claims walk the admission order (claim.lua's
+several-rounds path) instead of the one-round bitmap path. It moves the same bytes as the others.
+
 Prints put+claim rows/s of both and the dock's per-iteration overhead over plain pipelines (goal:
-dock rows/s >= 0.8 of plain). The share of a real iteration's wall time spent in the dock (goal
+dock rows/s >= 0.8 of plain, for both dock paths). The share of a real iteration's wall time spent in the dock (goal
 < 2%) is measured by bench/bench_e2e.py, which runs this same iteration at the tiny run's size
 next to a real run.
 
@@ -37,7 +42,7 @@ import multiprocessing
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -74,25 +79,65 @@ class IterationData:
             "rm_scores": [float(v) for v in rng.random(rows)],
         })
 
-    def columns(self, names, rows: list[int]) -> dict[str, list]:
-        """The values of `names` at `rows`, as a put takes them."""
-        return {name: [self.values[name][r] for r in rows] for name in names}
+    def columns(self, names, rows: list[int], origin: dict[int, int] | None = None) -> dict[str, list]:
+        """The values of `names` for pool rows `rows` (`origin`: pool row -> the data row admitted there; default the same row), as a put takes them."""
+        return {name: [self.values[name][origin[r] if origin else r] for r in rows] for name in names}
 
 
-def dock_iteration(dock, data: IterationData, claims: int) -> float:
-    """Seconds for one iteration's dock calls, every consumer in turn (the sum of what all services spend in the dock)."""
-    rows = data.rows
-    dispatch = max(N, rows // claims // N * N)
-    start = time.perf_counter()
-    groups = dock.begin_iteration(rows // N)
-    put_rows = dock.rows_of(groups)
-    dock.put(put_rows, data.columns(PROMPT_COLUMNS, put_rows))
-    while (c := dock.claim("actor_rollout", ["prompts"], dispatch)) is not None:
-        dock.put(c.indexes, data.columns(ROLLOUT_COLUMNS, c.indexes), lease=c.lease, version=0)
-    while (c := dock.claim("rule_reward", REWARD_READS, dispatch)) is not None:
-        dock.put(c.indexes, {"rm_scores": [data.values["rm_scores"][r] for r in c.indexes]}, lease=c.lease)
+@dataclass
+class BenchPool:
+    """A dock under test and, per pool row, the data row admitted into it (slots are reused as groups retire)."""
+
+    dock: object
+    live_rounds: int  # admission rounds in the pool at once (1: each iteration's rows are trained before the next come)
+    origin: dict[int, int]
+    round_of: dict[int, int] = field(default_factory=dict)  # pool row -> the admission (1, 2, ...) that put it
+    admitted: int = 0  # admissions so far
+
+
+def claims_of(dock, consumer: str, columns, dispatch: int, limit: int | None):
+    """`consumer`'s claims in turn: until one comes back empty (limit None: how a worker learns the pool is
+    drained), or until they took `limit` rows (the pool holds younger rounds that later iterations take)."""
     taken = 0
-    while (c := dock.claim("actor_train", TRAIN_READS, dispatch)) is not None:
+    while limit is None or taken < limit:
+        claim = dock.claim(consumer, columns, dispatch)
+        if claim is None:
+            return
+        taken += len(claim)
+        yield claim
+
+
+def admit(pool: BenchPool, data: IterationData) -> None:
+    """The trainer's start of an iteration: begin_iteration (retires the trained groups), prompts into GBS free slots."""
+    groups = pool.dock.begin_iteration(data.rows // N)[:data.rows // N]
+    put_rows = pool.dock.rows_of(groups)
+    pool.origin.update(zip(put_rows, range(data.rows)))
+    pool.admitted += 1
+    pool.round_of.update(dict.fromkeys(put_rows, pool.admitted))
+    pool.dock.put(put_rows, data.columns(PROMPT_COLUMNS, put_rows, pool.origin))
+
+
+def dock_iteration(pool: BenchPool, data: IterationData, claims: int) -> float:
+    """Seconds for one iteration's dock calls, every consumer in turn (the sum of what all services spend in the dock).
+
+    With one live round every consumer claims until the pool has nothing for it. With more, the pool
+    also holds the older rounds new_pool admitted (asynchronous RL with max_staleness >= 1), each
+    consumer takes one round's rows, oldest first, and claims walk the admission order (claim.lua)
+    instead of the one-round bitmap path.
+    """
+    rows, dock = data.rows, pool.dock
+    dispatch = max(N, rows // claims // N * N)
+    limit = rows if pool.live_rounds > 1 else None
+    start = time.perf_counter()
+    admit(pool, data)
+    oldest = pool.admitted - pool.live_rounds + 1  # every consumer takes this round's rows (claims go oldest first)
+    for c in claims_of(dock, "actor_rollout", ["prompts"], dispatch, limit):
+        assert all(pool.round_of[r] == oldest for r in c.indexes), "a rollout claim took a younger round's rows first"
+        dock.put(c.indexes, data.columns(ROLLOUT_COLUMNS, c.indexes, pool.origin), lease=c.lease, version=0)
+    for c in claims_of(dock, "rule_reward", REWARD_READS, dispatch, limit):
+        dock.put(c.indexes, data.columns(("rm_scores",), c.indexes, pool.origin), lease=c.lease)
+    taken = 0
+    for c in claims_of(dock, "actor_train", TRAIN_READS, dispatch, limit):
         dock.ack(c.lease, c.indexes)
         taken += len(c)
     seconds = time.perf_counter() - start
@@ -137,30 +182,40 @@ def plain_iteration(client, prefix: str, blobs: dict[str, list[bytes]], claims: 
     return seconds
 
 
-def new_dock(client, rows: int):
-    """A dock of `rows` rows (GBS*n) with the default columns under a fresh prefix."""
+def new_dock(client, rows: int, capacity_rows: int | None = None):
+    """A dock of `capacity_rows` rows (default `rows`, GBS*n) with the default columns under a fresh prefix."""
     from services.dock.client import Dock
     from services.dock.schema import DockLayout
 
     dock = Dock(client, f"bench-{uuid.uuid4().hex[:8]}", "run", poll_s=0.001)
-    dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=rows // N))
+    dock.create(DockLayout(n_samples_per_prompt=N, capacity_groups=(capacity_rows or rows) // N))
     return dock
 
 
-def measure(client, rows: int, prompt_len: int, response_len: int, claims: int, reps: int) -> dict[str, list[float]]:
-    """Interleaved dock and plain iterations at `rows` rows; seconds per path."""
+def new_pool(client, data: IterationData, live_rounds: int) -> BenchPool:
+    """A pool of `live_rounds` x GBS groups, the `live_rounds` - 1 older rounds admitted (prompts waiting for rollout)."""
+    pool = BenchPool(new_dock(client, data.rows, live_rounds * data.rows), live_rounds, {})
+    for _ in range(live_rounds - 1):
+        admit(pool, data)
+    return pool
+
+
+def measure(client, rows: int, prompt_len: int, response_len: int, claims: int, reps: int, live_rounds: int) -> dict[str, list[float]]:
+    """Interleaved dock and plain iterations at `rows` rows (and, live_rounds > 1, the dock with that many rounds live); seconds per path."""
     from services.dock import codec
 
     data = IterationData.make(rows, prompt_len, response_len)
     blobs = {name: [codec.encode(codec.to_array(v, spec_dtype(name), name)) for v in values] for name, values in data.values.items()}
-    dock = new_dock(client, rows)
+    pools = {"dock": new_pool(client, data, 1)}
+    if live_rounds > 1:
+        pools["rounds"] = new_pool(client, data, live_rounds)
+    paths = {name: (lambda pool=pool: dock_iteration(pool, data, claims)) for name, pool in pools.items()}
+    paths["plain"] = lambda: plain_iteration(client, pools["dock"].dock.keys.base + "plain", blobs, claims)
     try:
-        return interleaved({
-            "dock": lambda: dock_iteration(dock, data, claims),
-            "plain": lambda: plain_iteration(client, dock.keys.base + "plain", blobs, claims),
-        }, reps, warmups=1, label=f"{rows} rows: ")
+        return interleaved(paths, reps, warmups=1, label=f"{rows} rows: ")
     finally:
-        dock.destroy()
+        for pool in pools.values():
+            pool.dock.destroy()
 
 
 def claimer(url: str, prefix: str, dispatch: int, worker: int, start, results) -> None:
@@ -191,7 +246,7 @@ def concurrent_claims(client, url: str, rows: int, prompt_len: int, claimers: in
     dock = new_dock(client, rows)
     try:
         all_rows = list(range(rows))
-        dock.put(all_rows, data.columns(("prompts",), all_rows))
+        dock.put(all_rows, {"prompts": data.values["prompts"]})
         ctx = multiprocessing.get_context("fork")
         start, results = ctx.Event(), ctx.Queue()
         procs = [ctx.Process(target=claimer, args=(url, dock.keys.prefix, dispatch, w, start, results)) for w in range(claimers)]
@@ -241,10 +296,11 @@ def measure_memory(client, rows: int, prompt_len: int, response_len: int, claims
     found = {"before": [client.info("memory")["used_memory"]], "full": [], "retired": [], "keys": [],
              "payload": [sum(len(codec.encode(codec.to_array(v, spec_dtype(name), name)))
                              for name, values in data.values.items() for v in values)]}
-    dock = new_dock(client, rows)
+    pool = new_pool(client, data, 1)
+    dock = pool.dock
     try:
         for i in range(iterations):
-            dock_iteration(dock, data, claims)
+            dock_iteration(pool, data, claims)
             found["full"].append(client.info("memory")["used_memory"])
             dock.begin_iteration(rows // N)  # retires the trained groups, as the next iteration's start does
             found["retired"].append(client.info("memory")["used_memory"])
@@ -275,12 +331,13 @@ def profile(client, rows: int, prompt_len: int, response_len: int, claims: int) 
 
     data = IterationData.make(rows, prompt_len, response_len)
     blobs = {name: [codec.encode(codec.to_array(v, spec_dtype(name), name)) for v in values] for name, values in data.values.items()}
-    dock = new_dock(client, rows)
+    pool = new_pool(client, data, 1)
+    dock = pool.dock
     try:
-        dock_iteration(dock, data, claims)
+        dock_iteration(pool, data, claims)
         plain_iteration(client, dock.keys.base + "plain", blobs, claims)
         for name, run in (("plain", lambda: plain_iteration(client, dock.keys.base + "plain", blobs, claims)),
-                          ("dock", lambda: dock_iteration(dock, data, claims))):
+                          ("dock", lambda: dock_iteration(pool, data, claims))):
             client.config_resetstat()
             profiler = cProfile.Profile()
             seconds = profiler.runcall(run)
@@ -307,6 +364,8 @@ def main() -> int:
     p.add_argument("--rows", type=int, nargs="+", default=None, help="GBS*n rows per iteration (default 256 4096 32768; --quick 256 4096)")
     p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 128; --quick 32)")
     p.add_argument("--response-len", type=int, default=None, help="longest response; lengths are uniform in [1, this] (default 256; --quick 64)")
+    p.add_argument("--live-rounds", type=int, default=2, help="admission rounds the second dock path keeps in the pool, as asynchronous RL "
+                   "with max_staleness >= 1 does (claims then walk the admission order); 1: leave that path out (default 2)")
     p.add_argument("--claims", type=int, default=8, help="claims per consumer per iteration, as that many workers would take (default 8)")
     p.add_argument("--claimers", type=int, nargs="+", default=[1, 4, 16], help="concurrent claimer processes to compare (default 1 4 16)")
     p.add_argument("--claim-rows", type=int, default=None, help="rows the claimers empty per round (default 8192; --quick 1024)")
@@ -324,6 +383,8 @@ def main() -> int:
     memory_rows = args.memory_rows or (256 if args.quick else 1024)
     if any(r % N for r in [*sizes, claim_rows, memory_rows, args.dispatch]):
         p.error(f"--rows, --claim-rows, --memory-rows, --dispatch: each must be a multiple of n={N}")
+    if args.live_rounds < 1:
+        p.error("--live-rounds must be >= 1")
 
     import redis
 
@@ -338,15 +399,17 @@ def main() -> int:
         if args.profile:
             profile(client, sizes[0], prompt_len, response_len, args.claims)
             return 0
-        results = {rows: measure(client, rows, prompt_len, response_len, args.claims, reps) for rows in sizes}
+        results = {rows: measure(client, rows, prompt_len, response_len, args.claims, reps, args.live_rounds) for rows in sizes}
         claimers = measure_claimers(client, url, claim_rows, prompt_len, args.claimers, args.dispatch, reps)
         memory = measure_memory(client, memory_rows, prompt_len, response_len, args.claims, memory_iterations)
 
     print(machine_line())
-    print(f"{'GBS*n':>7}{'dock s/iter':>13}{'plain s/iter':>14}{'dock rows/s':>13}{'plain rows/s':>14}{'overhead s/iter':>17}")
+    print(f"{'GBS*n':>7}{'dock s/iter':>13}{'plain s/iter':>14}{'dock rows/s':>13}{'plain rows/s':>14}{'overhead s/iter':>17}"
+          + (f"{f'dock s/iter, {args.live_rounds} rounds':>24}" if args.live_rounds > 1 else ""))
     for rows, times in results.items():
         d, q = median(times["dock"]), median(times["plain"])
-        print(f"{rows:>7}{d:>13.3f}{q:>14.3f}{rows / d:>13,.0f}{rows / q:>14,.0f}{d - q:>17.3f}")
+        print(f"{rows:>7}{d:>13.3f}{q:>14.3f}{rows / d:>13,.0f}{rows / q:>14,.0f}{d - q:>17.3f}"
+              + (f"{median(times['rounds']):>24.3f}" if args.live_rounds > 1 else ""))
     print(f"\nclaimers emptying {claim_rows} rows in claims of {args.dispatch} (claim, then put under the lease); "
           "no row twice, none lost, each kept its claimer's result")
     print(f"{'claimers':>9}{'s/round':>10}{'rows/s':>10}{'claims/s':>10}{'p50 ms':>9}{'p99 ms':>9}")
@@ -363,6 +426,10 @@ def main() -> int:
     print(f"memory per in-flight row: {per_row:,.0f} bytes (encoded values {memory['payload'][0] / memory_rows:,.0f} bytes a row)")
     for rows, times in results.items():
         ratio(f"dock / plain pipelines rows/s at GBS*n={rows}", paired(times, "plain", "dock"), at_least=0.8)
+    for rows, times in results.items():
+        if args.live_rounds > 1:
+            ratio(f"dock / plain pipelines rows/s at GBS*n={rows}, {args.live_rounds} admission rounds live",
+                  paired(times, "plain", "rounds"), at_least=0.8)
     return 0
 
 

@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from bench_dock import IterationData, dock_iteration, new_dock
+from bench_dock import BenchPool, IterationData, dock_iteration, new_dock
 from common import REPO, interleaved, machine_line, median, parser, private_redis, progress, ratio, work_dir
 
 DOCK_GOAL = 0.02
@@ -152,7 +152,7 @@ def main() -> int:
 
         dock = new_dock(redis.Redis.from_url(url), gbs * n)
         data = IterationData.make(gbs * n, prompt_len, response_len)
-        dock_s = median(interleaved({"dock": lambda: dock_iteration(dock, data, claims=1)}, reps, warmups=1, label="dock replay: ")["dock"])
+        dock_s = median(interleaved({"dock": lambda: dock_iteration(BenchPool(dock, 1, {}), data, claims=1)}, reps, warmups=1, label="dock replay: ")["dock"])
         dock.destroy()
     print(f"dock traffic of one iteration ({gbs * n} rows, {prompt_len}-token prompts, responses up to {response_len}): "
           f"{dock_s:.3f} s")

@@ -22,7 +22,7 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 import redis  # noqa: E402
 
-from bench_dock import N, PROMPT_COLUMNS, IterationData, dock_iteration  # noqa: E402
+from bench_dock import N, PROMPT_COLUMNS, BenchPool, IterationData, dock_iteration  # noqa: E402
 from services.dock.client import Dock  # noqa: E402
 from services.dock.schema import DockLayout  # noqa: E402
 from tests.conftest import start_redis_server, stop_redis_server  # noqa: E402
@@ -43,7 +43,7 @@ def iterations(client: redis.Redis, rows: int, reps: int) -> dict[int, tuple[flo
     for rep in range(reps + 1):  # the first round warms up
         for k, dock in docks.items():
             before = dock._writes
-            seconds = dock_iteration(dock, data, claims=8)
+            seconds = dock_iteration(BenchPool(dock, 1, {}), data, claims=8)
             writes[k] = dock._writes - before
             if rep:
                 times[k].append(seconds)

@@ -287,21 +287,33 @@ class Dock:
             if len(values) != len(rows):
                 raise InvalidArgument(f"columns.{name}", f"{len(values)} values for {len(rows)} indexes")
             described += [name, "1" if spec.shape == (None,) else "0"]
-            for i, value in enumerate(values):
-                field = f"columns.{name}[{i}]"
-                array = codec.to_array(value, spec.dtype, field)
-                if not isinstance(array, str):
-                    spec.check_shape(array.shape, field)
-                if name == "prompts" and 0 < self.layout.max_prompt_length < len(array):
-                    raise InvalidArgument(field, f"a prompt of {len(array)} tokens is over rl_config.max_prompt_length = "
-                                                 f"{self.layout.max_prompt_length}")
-                blobs.append(codec.encode(array))
+            blobs += codec.encode_column(values, spec.dtype, spec.shape, lambda i, value: self._encode(spec, i, value))
+            if name == "prompts" and self.layout.max_prompt_length > 0:
+                self._check_prompt_lengths(blobs[-len(rows):])
         # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
         self._write("put", (lease.consumer if lease else "", lease.lease_id if lease else "",
                             "" if version is None else version, int(partial), int(append), self._max_memory_bytes, len(rows),
                             len(columns), *rows, *described, *blobs),
                     f"put rows {_span(rows)} ({', '.join(columns)})")
         return len(rows)
+
+    @staticmethod
+    def _encode(spec, i: int, value: codec.Value) -> bytes:
+        """One value of column `spec` converted, checked (InvalidArgument naming columns.{name}[i]) and encoded."""
+        field = f"columns.{spec.name}[{i}]"
+        array = codec.to_array(value, spec.dtype, field)
+        if not isinstance(array, str):
+            spec.check_shape(array.shape, field)
+        return codec.encode(array)
+
+    def _check_prompt_lengths(self, blobs: list[bytes]) -> None:
+        """Refuses a put whose encoded prompt is longer than rl_config.max_prompt_length, naming the row."""
+        limit = self.layout.max_prompt_length
+        for i, blob in enumerate(blobs):
+            tokens = len(codec.decode(blob))
+            if tokens > limit:
+                raise InvalidArgument(f"columns.prompts[{i}]", f"a prompt of {tokens} tokens is over rl_config.max_prompt_length = "
+                                                               f"{limit}")
 
     def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
               dp_rank: int | None = None, dp_size: int = 1, partial_columns: Sequence[str] = (),

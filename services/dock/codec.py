@@ -6,6 +6,7 @@ C-contiguous data. The header is fixed-size per ndim so the dock's Lua can appen
 """
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Sequence
 
@@ -24,6 +25,10 @@ _NUMPY_DTYPES = {code: np.dtype(name) for name, code in DTYPE_CODES.items() if n
 _DTYPES_BY_NAME = {name: np.dtype(name) for name in DTYPE_CODES if name != "utf8"}
 # Header per ndim (dtype code, ndim, dims): one precompiled pack per value instead of one per dimension.
 _HEADERS = [struct.Struct(f"<BB{ndim}I") for ndim in range(65)]  # numpy allows up to 64 dimensions
+# Scalar columns a Python int (int columns) or float (float columns) packs into directly, as numpy would
+# convert it: the format and the accepted type. An int into a float column takes the checked path.
+_SCALARS = {"int32": (struct.Struct("<BBi"), (int,)), "int64": (struct.Struct("<BBq"), (int,)),
+            "float32": (struct.Struct("<BBf"), (float,)), "float64": (struct.Struct("<BBd"), (float,))}
 # Python values of these numpy kinds convert to a column of the key's kind without losing anything.
 _ACCEPTED_KINDS = {"b": "b", "u": "bu", "i": "biu", "f": "biuf"}
 
@@ -68,6 +73,36 @@ def encode(value: np.ndarray | str) -> bytes:
     if code is None:
         raise InvalidArgument("dtype", f"{value.dtype} is not storable (use one of {', '.join(DTYPE_CODES)})")
     return _header(code, array.shape) + array.tobytes()
+
+
+def encode_column(values, dtype: str, shape: tuple[int | None, ...], check) -> list[bytes]:
+    """Encodes one column's values (a put's); `check(i, value)` is the checked path for values[i].
+
+    The common values (an ndarray of the column's dtype and rank with free dimensions, a str for a
+    utf8 column, a Python int or float for a scalar column) are encoded here directly; `check`
+    takes the rest (conversions, and the values it refuses with the field named). About 4 us a
+    value went to the general path's conversions and checks: at 2,304 values an iteration that
+    was as much client time as Redis spent on the dock.
+    """
+    want = _DTYPES_BY_NAME.get(dtype)
+    free = all(d is None for d in shape)  # any extent fits: only the rank needs checking
+    ndim = len(shape)
+    scalar = _SCALARS.get(dtype) if ndim == 0 else None
+    blobs = []
+    for i, value in enumerate(values):
+        kind = type(value)
+        blob = None
+        if kind is np.ndarray:
+            if free and value.dtype == want and value.ndim == ndim and value.flags.c_contiguous:
+                blob = _HEADERS[ndim].pack(_DTYPE_TO_CODE[want], ndim, *value.shape) + value.tobytes()
+        elif kind is str:
+            if dtype == "utf8":
+                blob = encode(value)
+        elif scalar is not None and kind in scalar[1]:
+            with contextlib.suppress(struct.error, OverflowError):  # out of the dtype's range: the checked path says so
+                blob = scalar[0].pack(DTYPE_CODES[dtype], 0, value)
+        blobs.append(blob if blob is not None else check(i, value))
+    return blobs
 
 
 def decode(blob: bytes) -> np.ndarray | str:

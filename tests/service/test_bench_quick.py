@@ -27,7 +27,8 @@ EXPECTED = {
         f"push to 2 / push to 1 replica time, fanout, {b} MiB buckets",
         f"push to 2 / push to 1 replica time, chain, {b} MiB buckets",
         f"push to 2 / push to 1 replica time, collective, {b} MiB buckets")],
-    "bench_dock.py": [f"dock / plain pipelines rows/s at GBS*n={rows}" for rows in (256, 4096)],
+    "bench_dock.py": [f"dock / plain pipelines rows/s at GBS*n={rows}{rounds}" for rows in (256, 4096)
+                      for rounds in ("", ", 2 admission rounds live")],
     "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
     "bench_reward.py": ["reward service / in-process verifiers samples/s"],
     "bench_e2e.py": ["trainer waiting on rollout / iteration time", "dock time / iteration time",

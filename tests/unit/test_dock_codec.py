@@ -49,6 +49,43 @@ def test_bad_values_name_the_field_and_the_problem(value, dtype, match):
     assert str(info.value).startswith("columns.prompts[3]: ")
 
 
+@pytest.mark.parametrize("values, dtype, shape", [
+    ([np.arange(5, dtype=np.int32), np.zeros(0, np.int32), np.arange(9, dtype=np.int32)[::3]], "int32", (None,)),
+    ([np.zeros((3, 2, 4), np.uint8), np.zeros((2, 2), np.uint8)], "uint8", (None, None, None)),
+    ([np.array([1.0], ">f4"), np.zeros(2, np.float32)], "float32", (None,)),  # big-endian: the checked path refuses it
+    ([np.zeros(2, np.int32), np.zeros(3, np.int32)], "int32", (2,)),  # a fixed extent: the checked path checks it
+    ([0, -7, 2**31 - 1, -2**31, 2**31, True, 1.5, np.int32(4)], "int32", ()),
+    ([2**62, -3, 2**63], "int64", ()),
+    ([0.1, 1e-40, float("inf"), float("nan"), 3.4e38, 1e300, 3, True], "float32", ()),
+    ([0.1, 1e300, 2], "float64", ()),
+    (["", "x = 4 ✓", 5], "utf8", ()),
+])
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e300 into float32: numpy gives inf, as before
+def test_a_columns_fast_encoding_matches_the_checked_path(values, dtype, shape):
+    spec = ColumnSpec("c", dtype, shape)
+
+    def checked(i, value):
+        array = codec.to_array(value, dtype, f"columns.c[{i}]")
+        if not isinstance(array, str):
+            spec.check_shape(array.shape, f"columns.c[{i}]")
+        return codec.encode(array)
+
+    expected = []
+    for i, value in enumerate(values):
+        try:
+            expected.append(checked(i, value))
+        except InvalidArgument as exc:
+            expected.append(str(exc))
+
+    def refusing(i, value):
+        try:
+            return checked(i, value)
+        except InvalidArgument as exc:
+            return str(exc)
+
+    assert codec.encode_column(values, dtype, shape, refusing) == expected
+
+
 def test_decode_refuses_bytes_that_are_not_a_dock_value():
     with pytest.raises(ValueError, match="not a dock value"):
         codec.decode(b"\x80\x04\x95")  # the start of a pickle

@@ -177,7 +177,8 @@ for _, row in ipairs(picked) do
 end
 for c = 16 + ncols, 15 + ncols + tonumber(ARGV[15 + ncols]) do
   local keys = {}
-  for _, row in ipairs(picked) do keys[#keys + 1] = value_key(ARGV[c], row) end
+  local prefix = value_prefix(ARGV[c])
+  for _, row in ipairs(picked) do keys[#keys + 1] = prefix .. row end
   for first = 1, #keys, 1000 do
     for _, value in ipairs(redis.call('MGET', unpack(keys, first, math.min(first + 999, #keys)))) do
       reply[#reply + 1] = value

@@ -36,17 +36,21 @@ local n = tonumber(meta.n)
 
 -- Rows new to the pool: admitted, and their groups enter the age set at 0 and the admission
 -- order at (this round, group id), so claims can take the groups admitted first first.
-local admitted, new_groups, new_order = 0, {}, {}
+-- One entry per group, not per row: a prompts put admits n rows of each group.
+local admitted, new_groups, new_order, seen = 0, {}, {}, {}
 local round = tonumber(redis.call('HGET', k('meta'), 'rounds') or '0')
 local groups_total = math.floor(tonumber(meta.capacity) / n)
 for i, was in ipairs(set_bits(k('live'), rows, 1)) do
   if was == 0 then
     local group = math.floor(tonumber(rows[i]) / n)
     admitted = admitted + 1
-    new_groups[#new_groups + 1] = 0
-    new_groups[#new_groups + 1] = group
-    new_order[#new_order + 1] = round * groups_total + group
-    new_order[#new_order + 1] = group
+    if not seen[group] then
+      seen[group] = true
+      new_groups[#new_groups + 1] = 0
+      new_groups[#new_groups + 1] = group
+      new_order[#new_order + 1] = round * groups_total + group
+      new_order[#new_order + 1] = group
+    end
   end
 end
 if admitted > 0 then
@@ -55,11 +59,16 @@ if admitted > 0 then
   batched('ZADD', k('order'), new_order, 'NX')
 end
 
+-- The columns that hold values: begin_iteration removes only theirs (lib.lua's drop_rows).
+local names = {}
+for c = 0, ncols - 1 do names[#names + 1] = ARGV[10 + nrows + 2 * c] end
+redis.call('SADD', k('stored'), unpack(names))
 for c = 0, ncols - 1 do
   local name, appendable = ARGV[10 + nrows + 2 * c], ARGV[11 + nrows + 2 * c] == '1'
+  local prefix = value_prefix(name)
   local writes = {}  -- key, value pairs for MSET: one command per 500 values instead of a SET each
   for i, row in ipairs(rows) do
-    local value, dst = ARGV[first_value + c * nrows + i - 1], value_key(name, row)
+    local value, dst = ARGV[first_value + c * nrows + i - 1], prefix .. row
     if append and appendable and redis.call('EXISTS', dst) == 1 then
       -- 1-D values: dimension 0 (bytes 3-6) grows, the data is appended after the stored data.
       local length = struct.unpack('<I4', redis.call('GETRANGE', dst, 2, 5)) + struct.unpack('<I4', value, 3)
