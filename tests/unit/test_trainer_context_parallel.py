@@ -14,7 +14,7 @@ import torch
 from trainer_helpers import tiny_hf_model, torchrun_ranks
 
 from services.trainer.modeling.context_parallel import chunk_index, layout_index, padded_length
-from services.trainer.modeling.model import ModelLayout
+from services.trainer.modeling.model import ModelLayout, init_parallel
 
 WORKER = pathlib.Path(__file__).with_name("context_parallel_worker.py")
 
@@ -127,6 +127,9 @@ def test_hybrid_refuses_a_head_count_its_ulysses_degree_does_not_divide(hf_dir):
     with pytest.raises(ValueError, match=r"megatron_training.ulysses_degree_in_cp: 4 does not divide the 2 attention heads"):
         layout.check_parallel(tp=2, pp=1, cp=8, cp_algo="hybrid_cp_algo", ulysses=4)
     layout.check_parallel(tp=2, pp=1, cp=8, cp_algo="hybrid_cp_algo", ulysses=2)  # the ring takes the rest of CP
+    for cp, ulysses in ((4, 3), (4, 4)):  # before any process group is made
+        with pytest.raises(ValueError, match=rf"megatron_training.ulysses_degree_in_cp: {ulysses} must divide context_parallel_size"):
+            init_parallel(cp=cp, ulysses=ulysses)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["own-block", "other-rank-block"])

@@ -196,6 +196,9 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
 
     from services.trainer.modeling.cpu_shims import apply_cpu_shims
 
+    if ulysses > 1 and (cp % ulysses or cp // ulysses < 2):
+        raise ValueError(f"megatron_training.ulysses_degree_in_cp: {ulysses} must divide context_parallel_size {cp} into "
+                         "Ulysses groups and a ring of at least 2 each")
     on_cpu = apply_cpu_shims()
     if not dist.is_initialized():
         backend = default_backend() if backend == "auto" else backend
