@@ -157,7 +157,8 @@ class MegatronTrainingConfig:
     pipeline_model_parallel_size: PositiveInt = 1  # Megatron pipeline parallel size
     virtual_pipeline_model_parallel_size: int | None = None  # model chunks per pipeline stage: megatron's interleaved 1F1B schedule (>= 2, PP >= 2); null: 1F1B with one chunk
     context_parallel_size: PositiveInt = 1  # Megatron context parallel size: each sequence split over this many ranks (long responses)
-    context_parallel_algo: str = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads)
+    context_parallel_algo: str = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads) | hybrid_cp_algo (Ulysses within groups of ulysses_degree_in_cp ranks, the ring across them)
+    ulysses_degree_in_cp: int | None = None  # hybrid_cp_algo only: CP ranks of one Ulysses group (consecutive); it and context_parallel_size / it both >= 2
     expert_model_parallel_size: PositiveInt = 1  # Megatron expert parallel size: each MoE layer's experts split over this many data-parallel ranks (must divide the model's experts)
     lr: NonNegativeFloat = 1e-6  # peak learning rate (AdamW)
     critic_lr: NonNegativeFloat = 0.0  # the PPO critic's peak learning rate; 0: lr
@@ -496,16 +497,37 @@ def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:
     The attention heads a TP rank holds are checked against Ulysses when the model is built (they are in its config.json).
     """
     mt, cp = cfg.megatron_training, cfg.megatron_training.context_parallel_size
-    if mt.context_parallel_algo == "hybrid_cp_algo":
-        errors.append("megatron_training.context_parallel_algo: hybrid_cp_algo (Ulysses within a node, the ring across "
-                      "nodes) is not built; use ulysses_cp_algo or megatron_cp_algo")
-    else:
-        _check_choice(errors, "megatron_training.context_parallel_algo", mt.context_parallel_algo, ("ulysses_cp_algo", "megatron_cp_algo"))
+    _check_choice(errors, "megatron_training.context_parallel_algo", mt.context_parallel_algo,
+                  ("ulysses_cp_algo", "megatron_cp_algo", "hybrid_cp_algo"))
+    _validate_ulysses_degree(mt, errors)
     if cp <= 1:
         return
     if mt.seq_length % (2 * cp):
         errors.append(f"megatron_training.seq_length: {mt.seq_length} is not a multiple of 2 * context_parallel_size = {2 * cp} "
                       "(each sequence is padded to a multiple of it and split into that many chunks)")
+
+
+def _validate_ulysses_degree(mt: MegatronTrainingConfig, errors: list[str]) -> None:
+    """megatron_training.ulysses_degree_in_cp: hybrid_cp_algo's Ulysses groups, U consecutive CP ranks, the ring across
+    the R = CP / U groups. U = 1 would be the ring alone and R = 1 Ulysses alone, which the other two algorithms are."""
+    key, u, cp = "megatron_training.ulysses_degree_in_cp", mt.ulysses_degree_in_cp, mt.context_parallel_size
+    if mt.context_parallel_algo != "hybrid_cp_algo":
+        if u is not None:
+            errors.append(f"{key}: {u} is read by context_parallel_algo hybrid_cp_algo only, not {mt.context_parallel_algo}; "
+                          "set it null")
+        return
+    if u is None:
+        if cp > 1:
+            errors.append(f"{key}: hybrid_cp_algo needs it (the CP ranks of one Ulysses group, a divisor of "
+                          f"context_parallel_size {cp} with both it and the quotient >= 2)")
+        return
+    if u < 2:
+        errors.append(f"{key}: {u}; hybrid_cp_algo needs Ulysses groups of at least 2 ranks (with 1 use megatron_cp_algo)")
+    elif cp % u:
+        errors.append(f"{key}: {u} does not divide context_parallel_size {cp}")
+    elif cp // u < 2:
+        errors.append(f"{key}: {u} leaves a ring of {cp // u} group(s) out of context_parallel_size {cp}; hybrid_cp_algo "
+                      "needs at least 2 (with Ulysses over every CP rank use ulysses_cp_algo)")
 
 
 def _validate_virtual_pipeline(cfg: Config, errors: list[str]) -> None:

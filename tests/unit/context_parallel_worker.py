@@ -1,7 +1,8 @@
 """One rank of the context-parallel tests, started by torchrun: log-probs, entropy, loss, gradients and one update of a
 fixed batch, padded and packed, under TP x CP.
 
-Usage: torchrun --nproc-per-node TP*CP*DP context_parallel_worker.py HF_DIR OUT_DIR TP CP ALGO
+Usage: torchrun --nproc-per-node TP*CP*DP*PP context_parallel_worker.py HF_DIR OUT_DIR TP CP ALGO [PP [ULYSSES]]
+(ULYSSES: hybrid_cp_algo's ulysses_degree_in_cp)
 Each rank writes OUT_DIR/rank{r}.pt with its (tp_rank, cp_rank), per layout (padded, packed): the log-probs and
 entropy of the batch, the mean response NLL, the gradients by megatron name summed over the CP group (what DDP
 reduces), the token ids this rank's forward took and the ones megatron-core's get_batch_on_this_cp_rank gives;
@@ -35,7 +36,8 @@ def main() -> None:
     torch.set_num_threads(1)
     hf_dir, out_dir, tp, cp, algo = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     pp = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    init_parallel(tp=tp, pp=pp, cp=cp)
+    ulysses = int(sys.argv[7]) if len(sys.argv) > 7 else 1
+    init_parallel(tp=tp, pp=pp, cp=cp, ulysses=ulysses)
     from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 

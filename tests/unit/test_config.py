@@ -44,6 +44,15 @@ def test_context_parallel_ranks_share_samples_so_the_data_parallel_size_leaves_t
     assert cfg.actor_data_parallel_size == 2
 
 
+def test_hybrid_context_parallel_loads_with_a_ulysses_degree_dividing_it():
+    cfg = config_from_dict({
+        "megatron_training": {"global_batch_size": 2, "context_parallel_size": 4, "context_parallel_algo": "hybrid_cp_algo",
+                              "ulysses_degree_in_cp": 2},
+        "rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 8}},
+    })
+    assert (cfg.megatron_training.ulysses_degree_in_cp, cfg.actor_data_parallel_size) == (2, 2)
+
+
 def test_explicit_dispatch_size_kept():
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "actor_rollout_dispatch_size": 4},
                             "megatron_training": {"global_batch_size": 4}})
@@ -123,10 +132,23 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 2}}, "megatron_training": {"context_parallel_size": 4}},
      r"rl_config\.actor_resource\.num_npus: 2 is not a multiple of tensor_model_parallel_size \* pipeline_model_parallel_size \* "
      r"context_parallel_size = 4"),
-    ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"context_parallel_algo": "hybrid_cp_algo"}},
-     r"megatron_training\.context_parallel_algo: hybrid_cp_algo \(Ulysses within a node, the ring across nodes\) is not built"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+      "megatron_training": {"context_parallel_size": 4, "context_parallel_algo": "hybrid_cp_algo"}},
+     r"megatron_training\.ulysses_degree_in_cp: hybrid_cp_algo needs it"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+      "megatron_training": {"context_parallel_size": 4, "context_parallel_algo": "hybrid_cp_algo", "ulysses_degree_in_cp": 1}},
+     r"megatron_training\.ulysses_degree_in_cp: 1; hybrid_cp_algo needs Ulysses groups of at least 2 ranks"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+      "megatron_training": {"context_parallel_size": 4, "context_parallel_algo": "hybrid_cp_algo", "ulysses_degree_in_cp": 3}},
+     r"megatron_training\.ulysses_degree_in_cp: 3 does not divide context_parallel_size 4"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+      "megatron_training": {"context_parallel_size": 4, "context_parallel_algo": "hybrid_cp_algo", "ulysses_degree_in_cp": 4}},
+     r"megatron_training\.ulysses_degree_in_cp: 4 leaves a ring of 1 group\(s\) out of context_parallel_size 4"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 4}},
+      "megatron_training": {"context_parallel_size": 4, "context_parallel_algo": "ulysses_cp_algo", "ulysses_degree_in_cp": 2}},
+     r"megatron_training\.ulysses_degree_in_cp: 2 is read by context_parallel_algo hybrid_cp_algo only"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"context_parallel_algo": "ring"}},
-     r"megatron_training\.context_parallel_algo: 'ring' is not one of ulysses_cp_algo, megatron_cp_algo"),
+     r"megatron_training\.context_parallel_algo: 'ring' is not one of ulysses_cp_algo, megatron_cp_algo, hybrid_cp_algo"),
     ({"rl_config": {"n_samples_per_prompt": 2, "actor_resource": {"num_npus": 2}},
       "megatron_training": {"context_parallel_size": 2, "seq_length": 4098}},
      r"megatron_training\.seq_length: 4098 is not a multiple of 2 \* context_parallel_size = 4"),

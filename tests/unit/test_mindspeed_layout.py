@@ -61,6 +61,16 @@ def test_every_change_is_listed():
         assert key in said, key
 
 
+def test_mindspeed_rls_hybrid_context_parallel_keys_import(tmp_path):
+    """MindSpeed-RL's hybrid_cp_algo with its ulysses_degree_in_cp (actor_config or megatron_training): the same keys here."""
+    def hybrid(data):
+        data["actor_config"].update(context_parallel_size=4, context_parallel_algo="hybrid_cp_algo", ulysses_degree_in_cp=2)
+        data["rl_config"]["actor_resource"]["num_npus"] = 4
+
+    mt = load_config(_edit(_copy_fixture(tmp_path, "tiny_dapo"), hybrid)).megatron_training
+    assert (mt.context_parallel_size, mt.context_parallel_algo, mt.ulysses_degree_in_cp) == (4, "hybrid_cp_algo", 2)
+
+
 def test_mindspeed_rls_eplb_keys_import(tmp_path):
     """MindSpeed-RL's EPLB example (configs/grpo_deepseek_r1_671b_A3_eplb.yaml): generate_config.expert_map_path is the
     same key here; its token-collection switches have no key, a replica always counts."""

@@ -1,4 +1,5 @@
-"""Context parallel in the trainer: Ulysses and ring attention over two CP ranks (and TP 2 x CP 2) give what one rank gives.
+"""Context parallel in the trainer: Ulysses and ring attention over two CP ranks (and TP 2 x CP 2), and the hybrid of the
+two over four (Ulysses pairs, a ring of two), give what one rank gives.
 
 Each case runs tests/unit/context_parallel_worker.py under torchrun (gloo) and compares what a user would check
 against one rank on the same batch: the log-probs and entropy handed back (padded and packed), the loss, the
@@ -13,7 +14,7 @@ import torch
 from trainer_helpers import tiny_hf_model, torchrun_ranks
 
 from services.trainer.modeling.context_parallel import chunk_index, layout_index, padded_length
-from services.trainer.modeling.model import ModelLayout
+from services.trainer.modeling.model import ModelLayout, init_parallel
 
 WORKER = pathlib.Path(__file__).with_name("context_parallel_worker.py")
 
@@ -23,8 +24,8 @@ def hf_dir(tmp_path_factory):
     return tiny_hf_model(tmp_path_factory.mktemp("hf"))
 
 
-def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1, pp: int = 1) -> list[dict]:
-    return torchrun_ranks(WORKER, tp * cp * dp * pp, hf_dir, out, tp, cp, algo, pp)
+def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1, pp: int = 1, ulysses: int = 1) -> list[dict]:
+    return torchrun_ranks(WORKER, tp * cp * dp * pp, hf_dir, out, tp, cp, algo, pp, ulysses)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +59,18 @@ def test_two_context_parallel_ranks_give_the_log_probs_loss_and_gradients_of_one
         assert padded["local_tokens"].size(1) * 2 == padded_length(single["padded"]["local_tokens"].size(1), 2)
         assert torch.equal(padded["local_tokens"], padded["megatron_tokens"])
     assert not torch.equal(pair[0]["padded"]["local_tokens"], pair[1]["padded"]["local_tokens"])
+
+
+def test_hybrid_context_parallel_4_as_ulysses_2_by_ring_2_trains_as_one_rank(hf_dir, tmp_path, single):
+    # CP ranks 0, 1 and 2, 3 exchange heads (4 heads -> 2 each; the 2 KV heads split too), then 0, 2 and 1, 3 run the ring
+    # on their pair's positions: chunks 0-1 + 6-7 and 2-3 + 4-5 of 8, the ring's layout for two ranks.
+    ranks = run_ranks(hf_dir, tmp_path / "hybrid", 1, 4, "hybrid_cp_algo", ulysses=2)
+    assert sorted(rank["key"] for rank in ranks) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)]
+    for rank in ranks:
+        assert_same_as_one_rank(single, rank)
+        padded = rank["padded"]  # a quarter of every row, padded to a multiple of 8, megatron's positions
+        assert padded["local_tokens"].size(1) * 4 == padded_length(single["padded"]["local_tokens"].size(1), 4)
+        assert torch.equal(padded["local_tokens"], padded["megatron_tokens"])
 
 
 def test_context_parallel_2_with_tensor_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
@@ -98,6 +111,25 @@ def test_ulysses_refuses_a_head_count_the_context_parallel_size_does_not_divide(
     with pytest.raises(ValueError, match=r"megatron_training.context_parallel_size: 4 does not divide the 2 attention heads"):
         layout.check_parallel(tp=2, pp=1, cp=4, cp_algo="ulysses_cp_algo")
     layout.check_parallel(tp=2, pp=1, cp=4, cp_algo="megatron_cp_algo")  # the ring splits positions, not heads
+
+
+def test_a_ulysses_group_of_the_cp_split_holds_one_ring_rank_of_the_coarser_split():
+    # CP 4 = U 2 x R 2: CP ranks 0, 1 together hold what ring rank 0 of 2 holds, ranks 2, 3 what ring rank 1 holds, so
+    # hybrid_cp_algo's ring runs on the positions its Ulysses exchange gathers, with no other layout.
+    index = layout_index([16, 8], 4)
+    coarse = layout_index([16, 8], 2)
+    for group in range(2):
+        assert index[2 * group:2 * group + 2].reshape(-1).sort().values.tolist() == coarse[group].tolist()
+
+
+def test_hybrid_refuses_a_head_count_its_ulysses_degree_does_not_divide(hf_dir):
+    layout = ModelLayout.from_hf_dir(hf_dir)  # 4 attention heads, 2 per TP rank at TP 2
+    with pytest.raises(ValueError, match=r"megatron_training.ulysses_degree_in_cp: 4 does not divide the 2 attention heads"):
+        layout.check_parallel(tp=2, pp=1, cp=8, cp_algo="hybrid_cp_algo", ulysses=4)
+    layout.check_parallel(tp=2, pp=1, cp=8, cp_algo="hybrid_cp_algo", ulysses=2)  # the ring takes the rest of CP
+    for cp, ulysses in ((4, 3), (4, 4)):  # before any process group is made
+        with pytest.raises(ValueError, match=rf"megatron_training.ulysses_degree_in_cp: {ulysses} must divide context_parallel_size"):
+            init_parallel(cp=cp, ulysses=ulysses)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["own-block", "other-rank-block"])

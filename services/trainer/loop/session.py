@@ -125,7 +125,8 @@ class TrainerSession:
         if mt.npu_deterministic:
             enable_determinism(mt.seed)
         init_parallel(mt.tensor_model_parallel_size, mt.pipeline_model_parallel_size, mt.distributed_backend, mt.seed,
-                      cp=mt.context_parallel_size, ep=mt.expert_model_parallel_size, vpp=mt.virtual_pipeline_model_parallel_size or 1)
+                      cp=mt.context_parallel_size, ep=mt.expert_model_parallel_size, vpp=mt.virtual_pipeline_model_parallel_size or 1,
+                      ulysses=mt.ulysses_degree_in_cp or 1)
         _, world = _world()
         if world != rl.actor_resource.num_npus:
             raise ValueError(f"rl_config.actor_resource.num_npus: {rl.actor_resource.num_npus}, but the trainer runs as {world} "
@@ -164,7 +165,7 @@ class TrainerSession:
             log_event(logging.getLogger("dockrl.trainer"), "ranks", world=world, tensor_parallel=mt.tensor_model_parallel_size,
                       pipeline_parallel=mt.pipeline_model_parallel_size, data_parallel=ps.get_data_parallel_world_size(),
                       distributed_optimizer=mt.use_distributed_optimizer, context_parallel=mt.context_parallel_size,
-                      context_parallel_algo=mt.context_parallel_algo,
+                      context_parallel_algo=mt.context_parallel_algo, ulysses_degree_in_cp=mt.ulysses_degree_in_cp,
                       virtual_pipeline_parallel=mt.virtual_pipeline_model_parallel_size or 1)
             # Over gRPC a checkpoint request only takes effect between steps (the step lock).
             control.checkpoint_handler = session._checkpoint_handler if world == 1 else None

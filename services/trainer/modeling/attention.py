@@ -25,7 +25,8 @@ class SDPACoreAttention(MegatronModule):
     Takes the place of megatron-core's DotProductAttention in the layer spec. Heads are the ones of
     this tensor-parallel rank; grouped-query heads are expanded to the query heads. With
     `config.context_parallel_size` > 1 the input is this CP rank's share of each sequence
-    (context_parallel's layout) and `cp_comm_type` picks the exchange: "a2a" (Ulysses) or "p2p" (ring).
+    (context_parallel's layout) and `cp_comm_type` picks the exchange: "a2a" (Ulysses), "p2p" (ring) or
+    "a2a+p2p" (Ulysses within megatron's hierarchical CP groups, the ring across them).
     """
 
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
@@ -74,6 +75,8 @@ class SDPACoreAttention(MegatronModule):
             out = self._attend_sbhd(query, key, value, bounds)
         elif self.cp_comm_type == "a2a":
             out = self._ulysses(query, key, value, bounds)
+        elif self.cp_comm_type == "a2a+p2p":
+            out = self._hybrid(query, key, value, bounds)
         else:
             out = self._ring(query, key, value, bounds)
         out = out.reshape(out.size(0), out.size(1), -1)
@@ -81,19 +84,52 @@ class SDPACoreAttention(MegatronModule):
 
     def _ulysses(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
         """[n, B, H, D] of this CP rank's positions -> the same, each rank attending over whole sequences with H / CP heads."""
-        lengths = [query.size(0) * self.cp] if bounds is None else [b - a for a, b in zip(bounds[:-1], bounds[1:])]
-        index = context_parallel.layout_index(lengths, self.cp)
-        if key.size(2) % self.cp:  # too few KV heads to split: give each query head its own
-            key, value = (_expand_groups(t, query.size(2), dim=2) for t in (key, value))
-        q, k, v = (context_parallel.sequence_to_heads(t, index) for t in (query, key, value))
-        return context_parallel.heads_to_sequence(self._attend_sbhd(q, k, v, bounds), index)
+        from megatron.core import parallel_state
+
+        index = context_parallel.layout_index(_lengths(query, bounds, self.cp), self.cp)
+        group = parallel_state.get_context_parallel_group()
+        q, k, v = (context_parallel.sequence_to_heads(t, index, group) for t in _split_kv(query, key, value, self.cp))
+        return context_parallel.heads_to_sequence(self._attend_sbhd(q, k, v, bounds), index, group)
 
     def _ring(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
         """[n, B, H, D] of this CP rank's positions -> the same, keys and values passed around the CP ring."""
+        from megatron.core import parallel_state
+
+        local_bounds = [0, query.size(0)] if bounds is None else [b // self.cp for b in bounds]
+        return self._ring_over(query, key, value, local_bounds, parallel_state.get_context_parallel_group())
+
+    def _hybrid(self, query, key, value, bounds: list[int] | None) -> torch.Tensor:
+        """[n, B, H, D] of this CP rank's positions -> the same: Ulysses within this rank's group of U consecutive CP
+        ranks (the group's positions, H / U heads), the ring across the R = CP / U groups for those heads, Ulysses back.
+        """
+        from megatron.core import parallel_state
+
+        ulysses, ring = context_parallel.hybrid_groups()
+        u = ulysses.size()
+        first = parallel_state.get_context_parallel_rank() // u * u
+        index = context_parallel.layout_index(_lengths(query, bounds, self.cp), self.cp)[first:first + u]
+        q, k, v = (context_parallel.sequence_to_heads(t, index, ulysses) for t in _split_kv(query, key, value, u))
+        # The group's share of each sequence is its two chunks of the sequence cut into 2 * R, U times a rank's share.
+        local_bounds = [0, q.size(0)] if bounds is None else [b * u // self.cp for b in bounds]
+        return context_parallel.heads_to_sequence(self._ring_over(q, k, v, local_bounds, ring), index, ulysses)
+
+    def _ring_over(self, query, key, value, local_bounds: list[int], group) -> torch.Tensor:
+        """[n, B, H, D] -> the same, keys and values passed around `group` (rank i holding chunks i and 2 * size - 1 - i)."""
         heads = query.size(2)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, _expand_groups(key, heads, dim=2), _expand_groups(value, heads, dim=2)))
-        local_bounds = [0, query.size(0)] if bounds is None else [b // self.cp for b in bounds]
-        return context_parallel.ring_attention(q, k, v, local_bounds, self.softmax_scale).permute(2, 0, 1, 3)
+        return context_parallel.ring_attention(q, k, v, local_bounds, self.softmax_scale, group).permute(2, 0, 1, 3)
+
+
+def _lengths(query: torch.Tensor, bounds: list[int] | None, cp: int) -> list[int]:
+    """Whole (padded) lengths of the sequences of which `query` [n, B, ...] holds this CP rank's share."""
+    return [query.size(0) * cp] if bounds is None else [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _split_kv(query, key, value, ways: int):
+    """(query, key, value) with the KV heads expanded per query head when there are too few to split `ways` ways."""
+    if key.size(2) % ways:
+        key, value = (_expand_groups(t, query.size(2), dim=2) for t in (key, value))
+    return query, key, value
 
 
 def _expand_groups(kv: torch.Tensor, heads: int, dim: int = 1) -> torch.Tensor:

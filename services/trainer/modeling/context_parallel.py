@@ -11,7 +11,11 @@ of its true position.
 The attention exchanges are written here by hand: megatron-core leaves them to TransformerEngine
 (`TEDotProductAttention` with `cp_comm_type`), which is neither on the CPU nor in this project's
 layer spec (see attention.py). They take the same `cp_comm_type` values: "a2a" is Ulysses
-(MindSpeed-RL's `ulysses_cp_algo`), "p2p" the ring (`megatron_cp_algo`). The ring computes each
+(MindSpeed-RL's `ulysses_cp_algo`), "p2p" the ring (`megatron_cp_algo`), "a2a+p2p" both
+(`hybrid_cp_algo`): Ulysses within each group of U consecutive CP ranks, the ring across the
+R = CP / U ranks holding the same heads (megatron's hierarchical CP groups [U, R]). That needs no
+other layout: the chunks of CP ranks g * U .. g * U + U - 1 together are chunks g and 2 * R - 1 - g
+of the sequence cut into 2 * R chunks, the ring's layout for R ranks. The ring computes each
 block with torch's flash-attention kernel for the CPU and with explicit scores on other devices;
 on a GPU with TransformerEngine installed, TE's fused CP attention (`TEDotProductAttention`, same
 `cp_comm_type`) is the path to take, which this layer spec does not wire up yet (TE is not
@@ -23,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 # MindSpeed-RL's names -> megatron-core's TransformerConfig.cp_comm_type.
-CP_ALGOS = {"ulysses_cp_algo": "a2a", "megatron_cp_algo": "p2p"}
+CP_ALGOS = {"ulysses_cp_algo": "a2a", "megatron_cp_algo": "p2p", "hybrid_cp_algo": "a2a+p2p"}
 
 
 def context_parallel_rank_size() -> tuple[int, int]:
@@ -207,39 +211,50 @@ class _RingAttention(torch.autograd.Function):
         return dq, dkv[0], dkv[1], None, None, None
 
 
-def ring_attention(q, k, v, bounds: list[int], scale: float) -> torch.Tensor:
-    """Ring attention ("p2p", `megatron_cp_algo`): q, k, v [B, H, n, D] of this rank's positions -> [B, H, n, D].
+def ring_attention(q, k, v, bounds: list[int], scale: float, group) -> torch.Tensor:
+    """Ring attention ("p2p", `megatron_cp_algo`) over `group`: q, k, v [B, H, n, D] of this rank's positions -> [B, H, n, D].
 
-    `bounds`: where each sequence's share starts and ends in this rank's n positions ([0, n] for padded rows).
+    `bounds`: where each sequence's share starts and ends in this rank's n positions ([0, n] for padded rows); rank
+    i of `group` holds chunks i and 2 * size - 1 - i of each sequence (the CP group, or hybrid's ring group).
     """
-    from megatron.core import parallel_state
-
     dtype = q.dtype
-    out = _RingAttention.apply(q.float(), k.float(), v.float(), bounds, scale, parallel_state.get_context_parallel_group())
+    out = _RingAttention.apply(q.float(), k.float(), v.float(), bounds, scale, group)
     return out.to(dtype)
 
 
-def sequence_to_heads(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Ulysses ("a2a", `ulysses_cp_algo`), the way in: [n, B, H, D] of this rank's positions -> [CP * n, B, H / CP, D],
-    every position in global order, this rank's group of H / CP heads."""
+def hybrid_groups():
+    """(Ulysses group, ring group) of this rank under `hybrid_cp_algo`: megatron's hierarchical CP groups [U, R],
+    U consecutive CP ranks and the R ranks one U apart; None when init_parallel made none."""
     from megatron.core import parallel_state
+
+    return parallel_state.get_hierarchical_context_parallel_groups(check_initialized=False)
+
+
+def sequence_to_heads(x: torch.Tensor, index: torch.Tensor, group) -> torch.Tensor:
+    """Ulysses ("a2a"), the way in, over `group` of G ranks: [n, B, H, D] of this rank's positions -> [G * n, B, H / G, D],
+    the group's positions in ascending order, this rank's group of H / G heads.
+
+    `index` [G, n]: the positions rank i of `group` holds (the whole CP layout under `ulysses_cp_algo`, so every
+    position in global order; the rows of this rank's Ulysses group under `hybrid_cp_algo`).
+    """
     from megatron.core.tensor_parallel.mappings import all_to_all
 
-    cp = index.size(0)
+    g = index.size(0)
     n, b, h, d = x.shape
-    # Head group j goes to CP rank j; what arrives from rank i is its n positions.
-    grouped = x.reshape(n, b, cp, h // cp, d).permute(2, 0, 1, 3, 4).reshape(cp * n, b, h // cp, d)
-    received = all_to_all(parallel_state.get_context_parallel_group(), grouped.contiguous())
+    # Head group j goes to rank j; what arrives from rank i is its n positions.
+    grouped = x.reshape(n, b, g, h // g, d).permute(2, 0, 1, 3, 4).reshape(g * n, b, h // g, d)
+    received = all_to_all(group, grouped.contiguous())
     return received[index.reshape(-1).argsort().to(x.device)]
 
 
-def heads_to_sequence(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Ulysses, the way back: [CP * n, B, H / CP, D] in global order -> [n, B, H, D] of this rank's positions, every head."""
-    from megatron.core import parallel_state
+def heads_to_sequence(x: torch.Tensor, index: torch.Tensor, group) -> torch.Tensor:
+    """Ulysses, the way back: [G * n, B, H / G, D] in sequence_to_heads' order -> [n, B, H, D] of this rank's positions,
+    every head."""
     from megatron.core.tensor_parallel.mappings import all_to_all
 
-    cp = index.size(0)
+    g = index.size(0)
     total, b, hg, d = x.shape
-    by_rank = x[index.reshape(-1).to(x.device)]  # rank i's positions, in order, go back to rank i
-    received = all_to_all(parallel_state.get_context_parallel_group(), by_rank.contiguous())
-    return received.reshape(cp, total // cp, b, hg, d).permute(1, 2, 0, 3, 4).reshape(total // cp, b, cp * hg, d)
+    # Where each held position sits in the ascending order: rank i's positions, in order, go back to rank i.
+    by_rank = x[index.reshape(-1).argsort().argsort().to(x.device)]
+    received = all_to_all(group, by_rank.contiguous())
+    return received.reshape(g, total // g, b, hg, d).permute(1, 2, 0, 3, 4).reshape(total // g, b, g * hg, d)

@@ -87,9 +87,10 @@ class ModelLayout:
             **moe,
         )
 
-    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo", ep: int = 1, vpp: int = 1) -> None:
+    def check_parallel(self, tp: int, pp: int, cp: int = 1, cp_algo: str = "megatron_cp_algo", ep: int = 1, vpp: int = 1,
+                       ulysses: int = 1) -> None:
         """Raises ValueError naming the key when the model cannot be split tp x pp (x cp) ways, each stage into vpp
-        chunks, its experts ep ways."""
+        chunks, its experts ep ways; `ulysses` is hybrid_cp_algo's Ulysses degree within CP."""
         widths = [("num_key_value_heads", self.num_key_value_heads), ("num_attention_heads", self.num_attention_heads),
                   ("vocab_size", self.vocab_size)]
         if self.is_moe:
@@ -109,6 +110,10 @@ class ModelLayout:
             raise ValueError(f"megatron_training.context_parallel_size: {cp} does not divide the {self.num_attention_heads // tp} "
                              f"attention heads of a tensor-parallel rank (num_attention_heads {self.num_attention_heads} / TP {tp}); "
                              "ulysses_cp_algo splits them over the CP ranks (megatron_cp_algo does not)")
+        if cp > 1 and cp_algo == "hybrid_cp_algo" and (self.num_attention_heads // tp) % ulysses:
+            raise ValueError(f"megatron_training.ulysses_degree_in_cp: {ulysses} does not divide the {self.num_attention_heads // tp} "
+                             f"attention heads of a tensor-parallel rank (num_attention_heads {self.num_attention_heads} / TP {tp}); "
+                             "hybrid_cp_algo splits them over each group of that many CP ranks")
         if self.is_moe and pp > 1:
             # megatron's 1F1B schedule rescales the router's load-balancing loss by its own micro-batch count, not by our loss weights.
             raise ValueError("megatron_training.pipeline_model_parallel_size: pipeline parallel with a mixture-of-experts model is not built yet (use 1)")
@@ -177,11 +182,12 @@ def default_backend() -> str:
 
 
 def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1234, cp: int = 1, ep: int = 1,
-                  vpp: int = 1) -> None:
+                  vpp: int = 1, ulysses: int = 1) -> None:
     """Initialises torch.distributed (from torchrun's env, or a single local process) and megatron's groups.
 
     `ep` splits each MoE layer's experts over that many ranks, carved out of the data-parallel ones; `vpp` > 1
-    gives each pipeline stage that many model chunks (megatron's interleaved schedule).
+    gives each pipeline stage that many model chunks (megatron's interleaved schedule); `ulysses` > 1 (hybrid_cp_algo's
+    ulysses_degree_in_cp) makes megatron's hierarchical CP groups [ulysses, cp / ulysses] as well.
 
     Applies the CPU shims when there is no accelerator. Safe to call twice with the same sizes.
     """
@@ -190,6 +196,9 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
 
     from services.trainer.modeling.cpu_shims import apply_cpu_shims
 
+    if ulysses > 1 and (cp % ulysses or cp // ulysses < 2):
+        raise ValueError(f"megatron_training.ulysses_degree_in_cp: {ulysses} must divide context_parallel_size {cp} into "
+                         "Ulysses groups and a ring of at least 2 each")
     on_cpu = apply_cpu_shims()
     if not dist.is_initialized():
         backend = default_backend() if backend == "auto" else backend
@@ -206,8 +215,8 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
     if parallel_state.model_parallel_is_initialized():
         sizes = (parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_pipeline_model_parallel_world_size(),
                  parallel_state.get_context_parallel_world_size(), parallel_state.get_expert_model_parallel_world_size(),
-                 virtual_pipeline_size())
-        if sizes != (tp, pp, cp, ep, vpp):
+                 virtual_pipeline_size(), ulysses_degree())
+        if sizes != (tp, pp, cp, ep, vpp, ulysses):
             raise RuntimeError("init_parallel: already initialised with other tensor/pipeline/context/expert parallel sizes")
         return
     if dist.get_world_size() % (tp * pp * cp):
@@ -218,12 +227,21 @@ def init_parallel(tp: int = 1, pp: int = 1, backend: str = "auto", seed: int = 1
     # Data-parallel groups leave the CP ranks out (they hold the same samples); gradients are reduced over DP x CP.
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                              context_parallel_size=cp, expert_model_parallel_size=ep,
-                                             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None)
+                                             virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
+                                             hierarchical_context_parallel_sizes=[ulysses, cp // ulysses] if ulysses > 1 else None)
     torch.manual_seed(seed)
     if not on_cpu:
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def ulysses_degree() -> int:
+    """CP ranks of one Ulysses group under hybrid_cp_algo (init_parallel's `ulysses`): 1 without hierarchical CP groups."""
+    from services.trainer.modeling.context_parallel import hybrid_groups
+
+    groups = hybrid_groups()
+    return groups[0].size() if groups else 1
 
 
 def virtual_pipeline_size() -> int:
@@ -239,17 +257,21 @@ def destroy_parallel() -> None:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
+    # megatron-core 0.16.1's teardown leaves the hierarchical CP groups set; a later init without them must not see them.
+    parallel_state._HIERARCHICAL_CONTEXT_PARALLEL_GROUPS = None
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype = torch.float32, cp: int = 1,
-                       cp_algo: str = "megatron_cp_algo", ep: int = 1, vpp: int = 1, routing_replay: bool = False):
+                       cp_algo: str = "megatron_cp_algo", ep: int = 1, vpp: int = 1, routing_replay: bool = False,
+                       ulysses: int = 1):
     """megatron-core TransformerConfig for `layout`, with CUDA-only fusions off (they are no faster on CPU).
 
     `routing_replay` gives each MoE router megatron's RouterReplay (routing_replay.py drives it).
 
-    `cp_algo` (MindSpeed-RL's context_parallel_algo) becomes megatron's cp_comm_type, which the core attention reads.
+    `cp_algo` (MindSpeed-RL's context_parallel_algo) becomes megatron's cp_comm_type, which the core attention reads;
+    hybrid_cp_algo's groups are megatron's hierarchical_context_parallel_sizes [ulysses, cp / ulysses].
     """
     from services.trainer.modeling.context_parallel import CP_ALGOS
 
@@ -276,6 +298,7 @@ def transformer_config(layout: ModelLayout, tp: int, pp: int, dtype: torch.dtype
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         context_parallel_size=cp,
         cp_comm_type=CP_ALGOS[cp_algo] if cp > 1 else None,
+        hierarchical_context_parallel_sizes=[ulysses, cp // ulysses] if cp > 1 and cp_algo == "hybrid_cp_algo" else None,
         expert_model_parallel_size=ep,
         qk_layernorm=layout.qk_layernorm,
         **(_moe_config(layout, routing_replay) if layout.is_moe else {}),
@@ -341,9 +364,10 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     """A GPTModel for this rank's tensor/pipeline shard (init_parallel first); logits come out as this TP rank's vocabulary slice.
 
     With context parallel (init_parallel's `cp`) its attention exchanges sequence shares by `cp_algo`
-    (ulysses_cp_algo | megatron_cp_algo). With a virtual pipeline (init_parallel's `vpp`) a ModelChunks of vpp
-    GPTModels, chunk v holding megatron's global layers (v x PP + stage) x L / (PP x VPP) onwards
-    (`get_transformer_layer_offset`), the embedding in stage 0's chunk 0, the head in the last stage's last chunk.
+    (ulysses_cp_algo | megatron_cp_algo | hybrid_cp_algo, whose groups init_parallel's `ulysses` made). With a
+    virtual pipeline (init_parallel's `vpp`) a ModelChunks of vpp GPTModels, chunk v holding megatron's global layers
+    (v x PP + stage) x L / (PP x VPP) onwards (`get_transformer_layer_offset`), the embedding in stage 0's chunk 0,
+    the head in the last stage's last chunk.
     `routing_replay` (rl_config.routing_replay) needs an MoE layout.
     """
     from megatron.core import parallel_state
@@ -358,7 +382,11 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     cp = parallel_state.get_context_parallel_world_size()
     ep = parallel_state.get_expert_model_parallel_world_size()
     vpp = virtual_pipeline_size()
-    layout.check_parallel(tp, pp, cp, cp_algo, ep, vpp)
+    ulysses = ulysses_degree()
+    if cp > 1 and cp_algo == "hybrid_cp_algo" and ulysses == 1:
+        raise ValueError("megatron_training.ulysses_degree_in_cp: hybrid_cp_algo needs its Ulysses and ring groups, which "
+                         "init_parallel(ulysses=ulysses_degree_in_cp) makes; it was called without them")
+    layout.check_parallel(tp, pp, cp, cp_algo, ep, vpp, ulysses)
     if routing_replay and not layout.is_moe:
         raise ValueError("rl_config.routing_replay: the model has no MoE layers, so there is no routing to replay")
     if pp > 1 and layout.tie_word_embeddings and not accelerator_present():
@@ -374,7 +402,7 @@ def build_model(layout: ModelLayout, dtype: torch.dtype = torch.float32, cp_algo
     spec = get_gpt_layer_local_spec(num_experts=layout.num_experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=layout.qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention  # every device; packed input too
-    config = transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep, vpp, routing_replay)
+    config = transformer_config(layout, tp, pp, dtype, cp, cp_algo, ep, vpp, routing_replay, ulysses)
 
     def chunk(vp_stage: int | None):
         return GPTModel(
