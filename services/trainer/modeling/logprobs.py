@@ -10,6 +10,7 @@ log-probs and entropy are gathered whole before the responses' are picked out.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -172,9 +173,8 @@ class ModelInputs:
 
     def run(self, model) -> torch.Tensor:
         """The model's output: logits [b, S, V] on the last pipeline stage, hidden states elsewhere."""
-        if self.routing is None:
-            return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
-        with replaying(model, self.routing.to(self.tokens.device)):
+        replay = contextlib.nullcontext() if self.routing is None else replaying(model, self.routing.to(self.tokens.device))
+        with replay:
             return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
 
 
@@ -190,19 +190,25 @@ def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
         tokens = tokens.unsqueeze(0).to(device)
         positions = torch.cat([torch.arange(p) for p in padded]).unsqueeze(0).to(device)
         bounds = torch.tensor([0] + padded).cumsum(0).to(torch.int32).to(device)
-        inputs = ModelInputs(tokens, positions, None, _packed_params(bounds, max(padded)), bounds[:-1].tolist(),
+        inputs = ModelInputs(tokens, positions, None, packed_params(bounds, max(padded)), bounds[:-1].tolist(),
                              (tokens.size(1), 1), routing=_routing(batch, padded, None))
     else:
         width = context_parallel.padded_length(max(lengths), cp)
         padded = [width]
         tokens = F.pad(batch.tokens[:, : max(lengths)], (0, width - max(lengths))).to(device)
-        positions = torch.arange(width, device=device).unsqueeze(0).expand(batch.size, -1)
-        causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=device), 1)[None, None]
-        inputs = ModelInputs(tokens, positions, causal, None, [i * width for i in range(batch.size)], (width, batch.size),
-                             routing=_routing(batch, lengths, width))
+        inputs = padded_inputs(tokens, batch.size, _routing(batch, lengths, width))
     if cp > 1 and inputs.routing is not None:
         raise ValueError("rl_config.routing_replay: not built with context parallel (each CP rank routes a reordered share)")
     return inputs if cp == 1 else _context_parallel_share(inputs, padded, cp_rank, cp)
+
+
+def padded_inputs(tokens: torch.Tensor, samples: int, routing: torch.Tensor | None = None) -> ModelInputs:
+    """Right-padded rows `tokens` [rows, width], the first `samples` of them real, as the model takes them: positions
+    0..width-1 in every row, one causal mask, each sample starting at its row."""
+    rows, width = tokens.shape
+    positions = torch.arange(width, device=tokens.device).unsqueeze(0).expand(rows, -1)
+    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=tokens.device), 1)[None, None]
+    return ModelInputs(tokens, positions, causal, None, [i * width for i in range(samples)], (width, rows), routing=routing)
 
 
 def _routing(batch: ResponseBatch, lengths: list[int], width: int | None) -> torch.Tensor | None:
@@ -273,7 +279,8 @@ def run_micro_batches(model, parts: list[ResponseBatch], packed: bool,
     return results
 
 
-def _packed_params(bounds: torch.Tensor, max_len: int):
+def packed_params(bounds: torch.Tensor, max_len: int):
+    """megatron's THD description of sequences packed end to end: `bounds` their cumulative starts (and the end)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
     return PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=max_len, max_seqlen_kv=max_len)

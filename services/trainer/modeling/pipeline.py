@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from services.trainer.modeling.cpu_shims import megatron_on_cpu
-from services.trainer.modeling.logprobs import ModelInputs
+from services.trainer.modeling.logprobs import ModelInputs, packed_params, padded_inputs
 from services.trainer.modeling.model import compute_device, model_chunks
 
 
@@ -89,15 +89,10 @@ def _same_shape(inputs: list[ModelInputs], count: int, pp: int) -> list[ModelInp
 
 def _padded(inputs: ModelInputs, width: int, rows: int) -> ModelInputs:
     b, s = inputs.tokens.shape
-    tokens = F.pad(inputs.tokens, (0, width - s, 0, rows - b))
-    positions = torch.arange(width, device=tokens.device).unsqueeze(0).expand(rows, -1)
-    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=tokens.device), 1)[None, None]
-    return ModelInputs(tokens, positions, causal, None, [i * width for i in range(b)], (width, rows))
+    return padded_inputs(F.pad(inputs.tokens, (0, width - s, 0, rows - b)), b)
 
 
 def _packed(inputs: ModelInputs, width: int) -> ModelInputs:
-    from megatron.core.packed_seq_params import PackedSeqParams
-
     extra = width - inputs.tokens.size(1)
     if not extra:
         return inputs
@@ -105,9 +100,7 @@ def _packed(inputs: ModelInputs, width: int) -> ModelInputs:
     positions = torch.cat([inputs.positions, torch.arange(extra, device=tokens.device).unsqueeze(0)], dim=1)
     params = inputs.packed_seq_params
     bounds = torch.cat([params.cu_seqlens_q, params.cu_seqlens_q.new_tensor([width])])
-    longest = max(params.max_seqlen_q, extra)
-    packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=longest, max_seqlen_kv=longest)
-    return ModelInputs(tokens, positions, None, packed, inputs.starts, (width, 1))
+    return ModelInputs(tokens, positions, None, packed_params(bounds, max(params.max_seqlen_q, extra)), inputs.starts, (width, 1))
 
 
 def _broadcast_from_last_stage(parts: list, results: list, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
