@@ -64,7 +64,7 @@ class GenerateConfig:
     gpu_memory_utilization: Probability = 0.9  # share of accelerator memory vLLM may take
     enforce_eager: bool = True  # no CUDA graphs or torch.compile (MoE expert token counts for EPLB need it: docs/moe.md)
     enable_prefix_caching: bool = False  # reuse KV cache across requests with a common prefix
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # float32 | bfloat16 | float16
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # the rollout engine's weights and activations (pushed weights are cast to it)
     trust_remote_code: bool = False  # allow model code from the checkpoint directory
     seed: int = 1234  # random seed
     cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
@@ -86,7 +86,7 @@ class RLConfig:
 
     n_samples_per_prompt: PositiveInt = 1  # responses per prompt (the group size n)
     max_prompt_length: int = 2048  # longest prompt in tokens: the trainer leaves longer ones out (counted in summary.json), a dock put refuses them
-    adv_estimator: Literal["group_norm", "gae"] = "group_norm"  # group_norm | gae
+    adv_estimator: Literal["group_norm", "gae"] = "group_norm"  # group_norm: GRPO's group-normalised rewards; gae: PPO's critic and GAE
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"  # kl (k1) | abs | mse | low_var_kl
     kl_ctrl_type: Literal["fixed", "adaptive"] = "fixed"  # fixed: the KL coefficient stays init_kl_coef; adaptive: it moves each step to keep the KL near kl_target
     init_kl_coef: NonNegativeFloat = 0.001  # KL penalty coefficient (the adaptive controller's start)
@@ -157,13 +157,13 @@ class MegatronTrainingConfig:
     pipeline_model_parallel_size: PositiveInt = 1  # Megatron pipeline parallel size
     virtual_pipeline_model_parallel_size: int | None = None  # model chunks per pipeline stage: megatron's interleaved 1F1B schedule (>= 2, PP >= 2); null: 1F1B with one chunk
     context_parallel_size: PositiveInt = 1  # Megatron context parallel size: each sequence split over this many ranks (long responses)
-    context_parallel_algo: str = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads) | hybrid_cp_algo (Ulysses within groups of ulysses_degree_in_cp ranks, the ring across them)
+    context_parallel_algo: Literal["ulysses_cp_algo", "megatron_cp_algo", "hybrid_cp_algo"] = "megatron_cp_algo"  # megatron_cp_algo (ring attention) | ulysses_cp_algo (all-to-all over heads) | hybrid_cp_algo (Ulysses within groups of ulysses_degree_in_cp ranks, the ring across them)
     ulysses_degree_in_cp: int | None = None  # hybrid_cp_algo only: CP ranks of one Ulysses group (consecutive); it and context_parallel_size / it both >= 2
     expert_model_parallel_size: PositiveInt = 1  # Megatron expert parallel size: each MoE layer's experts split over this many data-parallel ranks (must divide the model's experts)
     lr: NonNegativeFloat = 1e-6  # peak learning rate (AdamW)
     critic_lr: NonNegativeFloat = 0.0  # the PPO critic's peak learning rate; 0: lr
     min_lr: float = 0.0  # learning rate at the end of a decay
-    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"  # constant | linear | cosine
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"  # how the learning rate goes from lr to min_lr after the warmup
     lr_warmup_fraction: float = 0.0  # share of train_iters spent warming up
     weight_decay: NonNegativeFloat = 0.0  # AdamW weight decay
     adam_beta1: float = 0.9  # AdamW beta1
@@ -175,7 +175,7 @@ class MegatronTrainingConfig:
     save_interval: int = 0  # 0: only at the end
     seed: int = 1234  # random seed (the trainer's, and the base of each rollout row's sampling seed unless sampling_config.seed is set)
     npu_deterministic: bool = False  # deterministic kernels on every rank (torch.use_deterministic_algorithms; HCCL_DETERMINISTIC on Ascend, CUBLAS_WORKSPACE_CONFIG on CUDA)
-    distributed_backend: Literal["auto", "gloo", "nccl", "hccl"] = "auto"  # auto | gloo | nccl | hccl
+    distributed_backend: Literal["auto", "gloo", "nccl", "hccl"] = "auto"  # torch.distributed backend; auto: nccl with CUDA, hccl with an NPU, else gloo
 
 
 @config_section
@@ -223,7 +223,7 @@ class TrainerServiceConfig:
     host: str = "127.0.0.1"  # bind address
     grpc_port: Port = 50071  # gRPC port
     bucket_mb: PositiveInt = 64  # weight-push bucket size in MiB
-    push_mode: Literal["fanout", "chain"] = "fanout"  # fanout | chain (weight_transport grpc)
+    push_mode: Literal["fanout", "chain"] = "fanout"  # weight_transport grpc: fanout, one stream to each replica; chain, one to the first, each replica relaying to the next
     weight_transport: Literal["grpc", "collective"] = "grpc"  # grpc: buckets as gRPC messages | collective: gRPC control, bytes over a gloo group per replica (docs/trainer.md)
     weight_group_host: str = ""  # collective: the address replicas reach the trainer's weight-group rendezvous at; empty: trainer.host
     push_stall_s: PositiveFloat = 120.0  # a replica that takes no weight chunk (or gives no answer after the last) this long misses the push
@@ -497,8 +497,6 @@ def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:
     The attention heads a TP rank holds are checked against Ulysses when the model is built (they are in its config.json).
     """
     mt, cp = cfg.megatron_training, cfg.megatron_training.context_parallel_size
-    _check_choice(errors, "megatron_training.context_parallel_algo", mt.context_parallel_algo,
-                  ("ulysses_cp_algo", "megatron_cp_algo", "hybrid_cp_algo"))
     _validate_ulysses_degree(mt, errors)
     if cp <= 1:
         return
