@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     convert.add_argument("--dst", required=True, help="output directory (created)")
     convert.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the Megatron shards written (--to megatron)")
     convert.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the Megatron shards written (--to megatron)")
+    convert.add_argument("--vpp", type=int, default=1,
+                         help="model chunks per pipeline stage of the shards written, Megatron's model0, model1, ... "
+                              "(megatron_training.virtual_pipeline_model_parallel_size; needs --pp >= 2; --to megatron)")
 
 
 def _relaunch_under_torchrun(args: argparse.Namespace, ranks: int) -> int:
@@ -61,9 +64,12 @@ def run(args: argparse.Namespace) -> int:
     if args.trainer_command == "convert":
         try:
             if args.to == "megatron":
-                if args.tp < 1 or args.pp < 1:
-                    raise ValueError(f"--tp/--pp: must be >= 1, got {args.tp}/{args.pp}")
-                out = convert_hf_to_megatron(args.src, args.dst, args.tp, args.pp)
+                if args.tp < 1 or args.pp < 1 or args.vpp < 1:
+                    raise ValueError(f"--tp/--pp/--vpp: must be >= 1, got {args.tp}/{args.pp}/{args.vpp}")
+                if args.vpp > 1 and args.pp < 2:
+                    raise ValueError(f"--vpp: {args.vpp} chunks need --pp >= 2 (a virtual pipeline interleaves stages; "
+                                     "the trainer refuses it at PP 1 too)")
+                out = convert_hf_to_megatron(args.src, args.dst, args.tp, args.pp, args.vpp)
                 print(f"wrote {out}: {describe(out)}")
             else:
                 print(f"wrote {convert_megatron_to_hf(args.src, args.dst)}")

@@ -6,7 +6,8 @@ import torch
 from trainer_helpers import tiny_hf_model
 
 from services.trainer import cli
-from services.trainer.modeling.checkpoint_convert import hf_to_megatron, load_hf_state, load_megatron, megatron_to_hf
+from services.trainer.modeling.checkpoint_convert import (MEGATRON_FILE, hf_to_megatron, load_hf_state, load_megatron,
+                                                          megatron_to_hf)
 from services.trainer.modeling.model import ModelLayout
 
 
@@ -64,6 +65,42 @@ def test_cli_convert_both_ways(hf_dir, tmp_path):
     assert all(torch.equal(converted[k], original[k]) for k in original)
     assert (back / "tokenizer.json").exists() and (back / "config.json").exists()
 
+
+
+def test_cli_convert_writes_virtual_pipeline_chunks_as_megatron_keys_them(tmp_path, capsys):
+    hf_dir = tiny_hf_model(tmp_path / "hf4", num_layers=4)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    mg = tmp_path / "mg"
+    assert cli.run(parser.parse_args(["convert", "--to", "megatron", "--src", str(hf_dir), "--dst", str(mg),
+                                      "--pp", "2", "--vpp", "2"])) == 0
+    assert '"pp": 2, "vpp": 2' in capsys.readouterr().out
+    hf = load_hf_state(hf_dir)
+    for stage in (0, 1):
+        payload = torch.load(mg / f"mp_rank_00_{stage:03d}" / MEGATRON_FILE, weights_only=True)
+        assert sorted(payload) == ["model0", "model1"]
+        # Megatron's interleaved numbering: chunk v of stage p holds layer v * PP + p (one layer per chunk here).
+        for chunk in (0, 1):
+            norm = payload[f"model{chunk}"]["decoder.layers.0.input_layernorm.weight"]
+            assert torch.equal(norm, hf[f"model.layers.{chunk * 2 + stage}.input_layernorm.weight"])
+        assert ("embedding.word_embeddings.weight" in payload["model0"]) == (stage == 0)
+        assert ("output_layer.weight" in payload["model1"]) == (stage == 1)
+    back = tmp_path / "back"
+    assert cli.run(parser.parse_args(["convert", "--to", "hf", "--src", str(mg), "--dst", str(back)])) == 0
+    converted = load_hf_state(back)
+    assert converted.keys() == hf.keys() and all(torch.equal(converted[k], hf[k]) for k in hf)
+
+
+@pytest.mark.parametrize("pp,vpp,message", [
+    (1, 2, "--vpp: 2 chunks need --pp >= 2"),
+    (2, 3, "virtual_pipeline_model_parallel_size: 3 chunks on each of 2 stages do not divide num_hidden_layers 2"),
+])
+def test_cli_convert_refuses_a_virtual_pipeline_the_trainer_cannot_run(hf_dir, tmp_path, capsys, pp, vpp, message):
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    argv = ["convert", "--to", "megatron", "--src", str(hf_dir), "--dst", str(tmp_path / "mg"), "--pp", str(pp), "--vpp", str(vpp)]
+    assert cli.run(parser.parse_args(argv)) == 2
+    assert message in capsys.readouterr().err
 
 def test_cli_convert_reports_a_missing_source(tmp_path, capsys):
     parser = argparse.ArgumentParser()

@@ -267,7 +267,8 @@ def load_hf_state(hf_dir: str | pathlib.Path) -> dict[str, torch.Tensor]:
 
 
 def save_megatron(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], out_dir: str | pathlib.Path, hf_dir: str | pathlib.Path) -> pathlib.Path:
-    """Writes one `mp_rank_*/model_optim_rng.pt` per shard and a copy of the HF side files in hf_config/."""
+    """Writes one `mp_rank_*/model_optim_rng.pt` per shard (a virtual pipeline's chunks under model0, model1, ... as
+    Megatron keys them) and a copy of the HF side files in hf_config/."""
     from tqdm import tqdm
 
     out = pathlib.Path(out_dir)
@@ -275,7 +276,7 @@ def save_megatron(shards: Mapping[ShardKey, Mapping[str, torch.Tensor]], out_dir
     for (p, t), state in tqdm(shards.items(), desc="writing megatron shards", unit="shard"):
         d = out / shard_dir_name(t, p, pp)
         d.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": dict(state)}, d / MEGATRON_FILE)
+        torch.save(chunked_payload(state, chunk_count(state)), d / MEGATRON_FILE)
     copy_hf_side_files(hf_dir, out / "hf_config")
     return out
 
@@ -349,10 +350,10 @@ def save_hf(state: Mapping[str, torch.Tensor], out_dir: str | pathlib.Path, side
     return out
 
 
-def convert_hf_to_megatron(hf_dir: str | pathlib.Path, out_dir: str | pathlib.Path, tp: int, pp: int) -> pathlib.Path:
-    """`dockrl trainer convert --to megatron`: a HF directory -> megatron shards for tp x pp."""
+def convert_hf_to_megatron(hf_dir: str | pathlib.Path, out_dir: str | pathlib.Path, tp: int, pp: int, vpp: int = 1) -> pathlib.Path:
+    """`dockrl trainer convert --to megatron`: a HF directory -> megatron shards for tp x pp, each stage in vpp chunks."""
     layout = ModelLayout.from_hf_dir(hf_dir)
-    return save_megatron(hf_to_megatron(load_hf_state(hf_dir), layout, tp, pp), out_dir, hf_dir)
+    return save_megatron(hf_to_megatron(load_hf_state(hf_dir), layout, tp, pp, vpp), out_dir, hf_dir)
 
 
 def convert_megatron_to_hf(mg_dir: str | pathlib.Path, out_dir: str | pathlib.Path) -> pathlib.Path:
@@ -371,7 +372,7 @@ def describe(mg_dir: str | pathlib.Path) -> str:
     pp = 1 + max(p for p, _ in shards)
     tp = 1 + max(t for _, t in shards)
     params = sum(v.numel() for s in shards.values() for v in s.values())
-    return json.dumps({"tp": tp, "pp": pp, "shards": len(shards), "parameters_in_shards": params})
+    return json.dumps({"tp": tp, "pp": pp, "vpp": chunk_count(shards[(0, 0)]), "shards": len(shards), "parameters_in_shards": params})
 
 
 def load_shard(model, shard: Mapping[str, torch.Tensor]) -> None:
