@@ -51,3 +51,27 @@ def test_the_whole_gather_is_a_copy_that_a_later_step_does_not_move(tmp_path):
         for p in model.parameters():
             p.add_(1.0)  # what an optimizer step does to every parameter, in place
     assert all(torch.equal(kept[name], before[name]) for name in kept)
+
+
+def test_a_later_push_keeps_the_plan_and_streams_the_current_weights(tmp_path):
+    """The session plans the push once (HfWeightStream.over): a later stream has the same buckets and carries the
+    weights as they are now, even a parameter whose storage was replaced; another model's tensors are refused."""
+    from services.trainer.weights.gather import gather_hf_weights, model_state, stream_hf_weights
+
+    model, layout = megatron_tp1(tiny_hf_model(tmp_path / "hf"))
+    first = stream_hf_weights(model, layout, BUCKET_MB)
+    assert len(first.plan) >= 4 and all(len(bucket) for bucket in first)
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            if i % 2:
+                p.add_(1.0)  # an optimizer step, in place
+            else:
+                p.data = p.data + 1.0  # a new storage: a stream still holding the old tensors would send stale weights
+    later = first.over(model_state(model))
+    assert later.plan == first.plan
+    streamed = {name: t for bucket in later for name, t in bucket.items()}
+    expected = gather_hf_weights(model, layout)
+    assert streamed.keys() == expected.keys() and all(torch.equal(streamed[k], expected[k]) for k in expected)
+    other, _ = megatron_tp1(tiny_hf_model(tmp_path / "hf4", num_layers=4))
+    with pytest.raises(ValueError, match="changed names or shapes"):
+        first.over(model_state(other))

@@ -33,7 +33,7 @@ from services.trainer.loop.server import start_server
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
 from services.common.weight_wire import torch_dtype
-from services.trainer.weights.gather import HfWeightStream, stream_hf_weights, take_part
+from services.trainer.weights.gather import HfWeightStream, model_state, stream_hf_weights, take_part
 
 
 @dataclass(frozen=True)
@@ -113,6 +113,7 @@ class TrainerSession:
     version: int = 0
     prompt_cursor: int = 0
     num_prompts: int = 1
+    _weight_stream: HfWeightStream | None = None  # the first push's plan, reused by every later one (weight_stream)
 
     @classmethod
     def start(cls, cfg: Config, token: str, num_prompts: int, resume: bool = False, host: str | None = None,
@@ -270,7 +271,11 @@ class TrainerSession:
 
         if data_parallel_rank_size()[0] != 0 and parallel_state.get_expert_model_parallel_world_size() == 1:
             return None
-        return stream_hf_weights(self.model, self.layout, self.cfg.trainer.bucket_mb, torch_dtype(self.cfg.generate_config.dtype))
+        if self._weight_stream is None:
+            self._weight_stream = stream_hf_weights(self.model, self.layout, self.cfg.trainer.bucket_mb,
+                                                    torch_dtype(self.cfg.generate_config.dtype))
+            return self._weight_stream
+        return self._weight_stream.over(model_state(self.model))
 
     def take_part_in_weight_gather(self) -> None:
         """This rank's part of a weight gather whose buckets rank 0 pushes: its collectives, keeping no bucket."""

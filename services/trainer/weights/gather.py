@@ -8,6 +8,7 @@ services/common/weight_wire.py's, shared with the replicas.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 
 import torch
@@ -53,6 +54,17 @@ class HfWeightStream:
         for c in self._conversions:  # the conversion itself, on meta tensors: HF names and shapes without data
             self.specs.update({name: self._cast(t) for name, t in c.to_hf(self._meta_parts(c)).items()})
         self.plan = plan_buckets(self.specs, bucket_mb)
+
+    def over(self, state: dict[str, torch.Tensor]) -> "HfWeightStream":
+        """This stream's plan over `state`: the same model's tensors at a later step, whose names, shapes and dtypes
+        never change in a run (checked). A push after the first takes this: no meta conversions and, under PP, no
+        collective to plan again."""
+        shapes = {name: (tuple(t.shape), t.dtype) for name, t in state.items()}
+        if shapes != self._stage_shapes[self._pp_rank]:
+            raise ValueError("the model's tensors changed names or shapes since the weight stream was planned")
+        stream = copy.copy(self)
+        stream._state = state
+        return stream
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """Each bucket of `plan` as {HF name: CPU tensor}, in order."""
