@@ -544,11 +544,20 @@ def _validate_virtual_pipeline(cfg: Config, errors: list[str]) -> None:
     if mt.context_parallel_size > 1:
         errors.append(f"{key}: not built with context_parallel_size > 1 (the schedule's one activation shape would have to "
                       "pad each CP rank's share); set one of them to 1 (or null)")
-    if rl.use_dynamic_bsz:
-        errors.append(f"{key}: the interleaved schedule needs the micro-batch count a multiple of pipeline_model_parallel_size, "
-                      "which token-budget micro-batches (rl_config.use_dynamic_bsz) do not fix; set use_dynamic_bsz false")
-        return
     mini = rl.mini_batch_size or cfg.samples_per_iteration
+    if rl.use_dynamic_bsz:
+        # Token-budget micro-batches are cut until their count is a multiple of PP (logprobs.micro_batches), which a
+        # rank's rows of a mini-batch always allow when they are a multiple of PP themselves.
+        if not rl.use_remove_padding:
+            errors.append(f"{key}: with rl_config.use_dynamic_bsz the interleaved schedule pads every micro-batch to the "
+                          "tallest and widest of them, past max_packing_token_size; set rl_config.use_remove_padding true "
+                          "(packed micro-batches stay within it)")
+        rows = mini // cfg.actor_data_parallel_size
+        if pp >= 2 and rows % pp:
+            errors.append(f"{key}: with rl_config.use_dynamic_bsz each rank's rows of a mini-batch must be a multiple of "
+                          f"pipeline_model_parallel_size {pp}; rl_config.mini_batch_size {mini} / data-parallel size "
+                          f"{cfg.actor_data_parallel_size} = {rows}")
+        return
     per_rank = mt.micro_batch_size * cfg.actor_data_parallel_size
     # A mini-batch that is not a multiple of micro_batch_size x DP is reported by rl_config.mini_batch_size's own check.
     if pp >= 2 and mini % per_rank == 0 and (mini // per_rank) % pp:

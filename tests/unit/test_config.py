@@ -53,6 +53,20 @@ def test_hybrid_context_parallel_loads_with_a_ulysses_degree_dividing_it():
     assert (cfg.megatron_training.ulysses_degree_in_cp, cfg.actor_data_parallel_size) == (2, 2)
 
 
+
+def test_token_budget_micro_batches_come_in_a_multiple_of_pp_under_the_interleaved_schedule():
+    from services.trainer.modeling.logprobs import ForwardConfig
+
+    cfg = config_from_dict({
+        "megatron_training": {"global_batch_size": 2, "pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+        "rl_config": {"n_samples_per_prompt": 2, "use_dynamic_bsz": True, "use_remove_padding": True, "actor_resource": {"num_npus": 2}},
+    })
+    assert ForwardConfig.from_config(cfg).count_multiple_of == 2
+    plain = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "use_dynamic_bsz": True,
+                                            "actor_resource": {"num_npus": 2}},
+                              "megatron_training": {"pipeline_model_parallel_size": 2}})
+    assert ForwardConfig.from_config(plain).count_multiple_of == 1
+
 def test_explicit_dispatch_size_kept():
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "actor_rollout_dispatch_size": 4},
                             "megatron_training": {"global_batch_size": 4}})
@@ -160,7 +174,12 @@ def test_config_is_frozen():
      r"a multiple of pipeline_model_parallel_size 2; rl_config\.mini_batch_size 3 / \(micro_batch_size 1 x data-parallel size 1\) = 3"),
     ({"rl_config": {"n_samples_per_prompt": 2, "use_dynamic_bsz": True, "actor_resource": {"num_npus": 2}},
       "megatron_training": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}},
-     r"megatron_training\.virtual_pipeline_model_parallel_size: .* \(rl_config\.use_dynamic_bsz\) do not fix"),
+     r"megatron_training\.virtual_pipeline_model_parallel_size: with rl_config\.use_dynamic_bsz the interleaved schedule pads "
+     r"every micro-batch .* set rl_config\.use_remove_padding true"),
+    ({"rl_config": {"n_samples_per_prompt": 3, "use_dynamic_bsz": True, "use_remove_padding": True, "actor_resource": {"num_npus": 2}},
+      "megatron_training": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}},
+     r"megatron_training\.virtual_pipeline_model_parallel_size: with rl_config\.use_dynamic_bsz each rank's rows of a mini-batch "
+     r"must be a multiple of pipeline_model_parallel_size 2; rl_config\.mini_batch_size 3 / data-parallel size 1 = 3"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "megatron_training": {"context_parallel_size": 0}},
      r"megatron_training\.context_parallel_size: must be > 0, got 0"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "rollout": {"grpc_port": 70000}}, r"rollout\.grpc_port: 70000 is not a TCP port"),

@@ -1,4 +1,6 @@
 """Response log-probs and entropy: padded vs packed vs dynamic batches, and against transformers."""
+import dataclasses
+
 import pytest
 import torch
 from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
@@ -57,6 +59,17 @@ def test_dynamic_micro_batches_respect_the_token_budget():
     with pytest.raises(ValueError, match="max_packing_token_size: 5 is below sample 0's 7 tokens"):
         micro_batches(batch, ForwardConfig(use_dynamic_bsz=True, max_packing_token_size=5))
 
+
+
+def test_dynamic_micro_batches_come_in_a_multiple_of_the_pipeline_size_when_asked():
+    batch = random_batch(0, **LENGTHS)  # sequence lengths 7 6 8 7 8
+    cfg = ForwardConfig(use_remove_padding=True, use_dynamic_bsz=True, max_packing_token_size=16, count_multiple_of=2)
+    # [0, 1] 13, [2, 3] 15, [4] 8 tokens: the costliest of several samples is cut, in order
+    assert [m.tolist() for m in micro_batches(batch, cfg)] == [[0, 1], [2], [3], [4]]
+    assert [m.tolist() for m in micro_batches(batch, dataclasses.replace(cfg, count_multiple_of=5))] == [[0], [1], [2], [3], [4]]
+    with pytest.raises(ValueError, match="use_dynamic_bsz: 5 samples make 5 micro-batches, and the interleaved schedule needs a "
+                                         "multiple of pipeline_model_parallel_size 2"):
+        micro_batches(batch, dataclasses.replace(cfg, max_packing_token_size=8))
 
 def test_batch_rejects_empty_prompts_and_responses():
     with pytest.raises(ValueError, match="responses: every sample"):

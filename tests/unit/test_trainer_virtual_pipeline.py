@@ -1,14 +1,15 @@
 """Virtual pipeline (megatron's interleaved 1F1B schedule): PP 2 x VPP 2 on 2 ranks, a 4-layer model in 4 chunks, against
 one rank: loss, gradients, log-probs, update metrics and weights; the streamed weight gather against the HF checkpoint bit
 for bit; its checkpoint (model0/model1 per file) resumed to the same next step and converted to HF as the weights; the
-PPO critic's values and update."""
+PPO critic's values and update; an update with token-budget micro-batches (use_dynamic_bsz), cut to a multiple of PP."""
+import dataclasses
 import pathlib
 
 import pytest
 import torch
 from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update
 from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model, torchrun_ranks
-from virtual_pipeline_worker import VPP_BATCH, vpp_optimizer, vpp_update
+from virtual_pipeline_worker import DYNAMIC, VPP_BATCH, vpp_optimizer, vpp_update
 
 from services.trainer.algorithm.critic import build_critic, compute_values
 from services.trainer.modeling.checkpoint_convert import (MEGATRON_FILE, convert_megatron_to_hf, hf_conversions, load_hf_state,
@@ -52,6 +53,9 @@ def test_pp2_vpp2_trains_as_one_rank_streams_checkpoints_and_converts(tmp_path):
     critic_batch = random_batch(**CRITIC_BATCH)
     values = compute_values(critic, critic_batch, FORWARD)
     critic_metrics, values_after = parity_critic_update(critic, critic_batch)
+    fresh, _ = megatron_tp1(hf_dir)
+    dynamic_update = vpp_update(fresh, vpp_optimizer(fresh), batch, 0, dataclasses.replace(DYNAMIC, count_multiple_of=1))
+    dynamic_weights = gather_hf_weights(fresh, layout)
 
     ranks = torchrun_ranks(WORKER, 2, hf_dir, tmp_path / "out")
     original = load_hf_state(hf_dir)
@@ -77,6 +81,10 @@ def test_pp2_vpp2_trains_as_one_rank_streams_checkpoints_and_converts(tmp_path):
         assert torch.allclose(r["values"], values, atol=1e-5) and torch.allclose(r["values_after"], values_after, atol=1e-5)
         for name in ("vf_loss", "grad_norm"):
             assert r["critic_update"][name] == pytest.approx(critic_metrics[name], rel=1e-5, abs=1e-5), name
+        # Four micro-batches there, three on one rank: the same token-weighted step.
+        for name in ("loss", "entropy", "grad_norm"):
+            assert r["dynamic_update"][name] == pytest.approx(dynamic_update[name], rel=1e-5, abs=1e-5), name
+        assert all(torch.allclose(r["dynamic_weights"][k], dynamic_weights[k], atol=2e-4, rtol=0) for k in dynamic_weights)
 
     iteration = tmp_path / "out" / "ckpt" / "iter_0000001"
     shard = torch.load(iteration / "mp_rank_00_001" / MEGATRON_FILE, weights_only=False)

@@ -5,7 +5,8 @@ Each rank writes OUT_DIR/rank{r}.pt with its pipeline rank, the loss and gradien
 name) of one forward and backward over the batch's micro-batches, the packed log-probs, the weights streamed in
 HF names before any update, the metrics and gathered weights of two update steps, and those of the second step
 again after resuming from the checkpoint saved (to OUT_DIR/ckpt) between them; and the PPO critic's values, one
-critic step's metrics and the values after it.
+critic step's metrics and the values after it; and a first update step's metrics and weights with token-budget
+micro-batches (DYNAMIC).
 """
 import pathlib
 import sys
@@ -31,13 +32,18 @@ VPP_BATCH = dict(seed=5, prompt_lengths=[3, 5, 2, 4], response_lengths=[4, 2, 6,
 STREAM_BUCKET_MB = 0.02  # several buckets for the tiny model
 
 
-def vpp_update(model, optimizer, batch, step: int) -> dict:
-    """One GRPO step on `batch` (one group of 4, one sample per micro-batch); its metrics."""
+# Token-budget micro-batches of VPP_BATCH (7, 7, 8 and 7 tokens): [0, 1] [2] [3] in one rank's greedy grouping, which
+# the interleaved schedule cannot run (3 is no multiple of PP 2); cut to four there.
+DYNAMIC = ForwardConfig(use_remove_padding=True, use_dynamic_bsz=True, max_packing_token_size=14, count_multiple_of=2)
+
+
+def vpp_update(model, optimizer, batch, step: int, forward: ForwardConfig = ForwardConfig(micro_batch_size=1)) -> dict:
+    """One GRPO step on `batch` (one group of 4; by default one sample per micro-batch); its metrics."""
     from services.trainer.algorithm.advantages import group_norm_advantages
     from services.trainer.algorithm.losses import PolicyLossConfig
     from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
 
-    cfg = UpdateConfig(mini_batch_size=4, forward=ForwardConfig(micro_batch_size=1), loss=PolicyLossConfig(entropy_coeff=0.01))
+    cfg = UpdateConfig(mini_batch_size=4, forward=forward, loss=PolicyLossConfig(entropy_coeff=0.01))
     adv = group_norm_advantages(torch.tensor([1.0, 0.0, 0.5, 0.0]), 4, batch.response_mask())
     return update_policy(model, optimizer, TrainBatch(batch, adv), cfg, step).metrics.as_dict()
 
@@ -98,6 +104,10 @@ def main() -> None:
     critic_batch = random_batch(**CRITIC_BATCH)
     out["values"] = compute_values(critic, critic_batch, FORWARD)
     out["critic_update"], out["values_after"] = parity_critic_update(critic, critic_batch)
+
+    fresh = loaded_model(hf_dir, layout)
+    out["dynamic_update"] = vpp_update(fresh, vpp_optimizer(fresh), batch, 0, DYNAMIC)
+    out["dynamic_weights"] = weights_now(fresh, layout)
     torch.save(out, out_dir / f"rank{torch.distributed.get_rank()}.pt")
     destroy_parallel()
 

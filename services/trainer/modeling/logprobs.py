@@ -84,18 +84,22 @@ class ForwardConfig:
     use_remove_padding: bool = False
     use_dynamic_bsz: bool = False
     max_packing_token_size: int = 4096
+    # Token-budget micro-batches come in a multiple of this many: megatron's interleaved schedule needs a multiple of PP.
+    count_multiple_of: int = 1
 
     @classmethod
     def from_config(cls, cfg) -> "ForwardConfig":
-        rl = cfg.rl_config
-        return cls(cfg.megatron_training.micro_batch_size, rl.use_remove_padding, rl.use_dynamic_bsz, rl.max_packing_token_size)
+        rl, mt = cfg.rl_config, cfg.megatron_training
+        multiple = mt.pipeline_model_parallel_size if mt.virtual_pipeline_model_parallel_size else 1
+        return cls(mt.micro_batch_size, rl.use_remove_padding, rl.use_dynamic_bsz, rl.max_packing_token_size, multiple)
 
 
 def micro_batches(batch: ResponseBatch, cfg: ForwardConfig) -> list[torch.Tensor]:
     """Sample indexes of each forward pass, in order.
 
     Fixed size: chunks of micro_batch_size. Dynamic: greedy in order, each micro-batch's tokens
-    (packed: the sum of lengths; padded: rows x longest) within max_packing_token_size.
+    (packed: the sum of lengths; padded: rows x longest) within max_packing_token_size, then the costliest
+    micro-batches cut in two until their count is a multiple of count_multiple_of (verl's num_batches_divided_by).
     """
     n = batch.size
     if not cfg.use_dynamic_bsz:
@@ -107,13 +111,34 @@ def micro_batches(batch: ResponseBatch, cfg: ForwardConfig) -> list[torch.Tensor
         if length > cfg.max_packing_token_size:
             raise ValueError(f"rl_config.max_packing_token_size: {cfg.max_packing_token_size} is below sample {i}'s {length} tokens")
         candidate = current + [i]
-        cost = sum(lengths[j] for j in candidate) if cfg.use_remove_padding else len(candidate) * max(lengths[j] for j in candidate)
-        if current and cost > cfg.max_packing_token_size:
+        if current and _budget_tokens(candidate, lengths, cfg.use_remove_padding) > cfg.max_packing_token_size:
             groups.append(current)
             candidate = [i]
         current = candidate
     groups.append(current)
+    groups = _split_to_multiple(groups, lengths, cfg)
     return [torch.tensor(g, dtype=torch.long) for g in groups]
+
+
+def _budget_tokens(group: list[int], lengths: list[int], packed: bool) -> int:
+    """What a micro-batch of these samples costs against max_packing_token_size: packed, the sum of their lengths;
+    padded, rows x the longest."""
+    return sum(lengths[j] for j in group) if packed else len(group) * max(lengths[j] for j in group)
+
+
+def _split_to_multiple(groups: list[list[int]], lengths: list[int], cfg: ForwardConfig) -> list[list[int]]:
+    """`groups` with the costliest ones of several samples cut in two, in order, until their count is a multiple of
+    cfg.count_multiple_of; a cut only lowers a micro-batch's tokens, so each stays within the budget."""
+    groups = list(groups)
+    while len(groups) % cfg.count_multiple_of:
+        splittable = [i for i, g in enumerate(groups) if len(g) > 1]
+        if not splittable:
+            raise ValueError(f"rl_config.use_dynamic_bsz: {len(lengths)} samples make {len(groups)} micro-batches, and the "
+                             f"interleaved schedule needs a multiple of pipeline_model_parallel_size {cfg.count_multiple_of}")
+        i = max(splittable, key=lambda k: _budget_tokens(groups[k], lengths, cfg.use_remove_padding))
+        half = len(groups[i]) // 2
+        groups[i:i + 1] = [groups[i][:half], groups[i][half:]]
+    return groups
 
 
 def _response_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
