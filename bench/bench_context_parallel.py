@@ -1,8 +1,10 @@
-"""Context parallel 2 vs 1 in the trainer at a fixed long sequence: activation memory per rank and time per token.
+"""Context parallel 2 (and 4) vs 1 in the trainer at a fixed long sequence: activation memory per rank and time per token.
 
-Each repetition launches the same worker under torchrun three ways, in turn (interleaved), on the
-same weights and one sample of `--length` tokens (16 prompt tokens, the rest response; fp32, 1
-thread per rank): cp1 (one rank), cp2-ulysses (`ulysses_cp_algo`), cp2-ring (`megatron_cp_algo`).
+Each repetition launches the same worker under torchrun in turn (interleaved), on the same weights
+and one sample of `--length` tokens (16 prompt tokens, the rest response; fp32, 1 thread per rank):
+cp1 (one rank), cp2-ulysses (`ulysses_cp_algo`), cp2-ring (`megatron_cp_algo`), and without
+`--quick` cp4-hybrid (`hybrid_cp_algo`, CP 4 = Ulysses 2 x ring 2 on 4 ranks; a 4-rank launch
+would add about 25 s to the quick run, which CI runs).
 Each worker runs the trainer's forward + backward of the response NLL (`run_micro_batches`, what
 an update runs per micro-batch) once to warm up and measure memory, then `--steps` timed ones, and reports:
 
@@ -15,7 +17,8 @@ an update runs per micro-batch) once to warm up and measure memory, then `--step
 
 The model is the demo's shape (hidden 128, 2 layers, 4/2 heads) with RoPE positions up to the
 sequence length. On this machine's 2 shared cores CP 2 runs one rank per core: the time ratio says
-what splitting one sequence across two devices gives here, with gloo on loopback between them.
+what splitting one sequence across two devices gives here, with gloo on loopback between them. CP 4
+runs two ranks per core, so its time per token says little; its activation memory is exact.
 
     python bench/bench_context_parallel.py --quick
     python bench/bench_context_parallel.py
@@ -33,7 +36,10 @@ from common import REPO, machine_line, median, parser, progress, ratio, work_dir
 
 MEMORY_GOAL = 0.6
 PROMPT = 16
-PATHS = {"cp1": (1, "megatron_cp_algo"), "cp2-ulysses": (2, "ulysses_cp_algo"), "cp2-ring": (2, "megatron_cp_algo")}
+# name -> (CP size, context_parallel_algo, ulysses_degree_in_cp)
+PATHS = {"cp1": (1, "megatron_cp_algo", 1), "cp2-ulysses": (2, "ulysses_cp_algo", 1), "cp2-ring": (2, "megatron_cp_algo", 1),
+         "cp4-hybrid": (4, "hybrid_cp_algo", 2)}
+QUICK_PATHS = ("cp1", "cp2-ulysses", "cp2-ring")
 
 
 def _memory_kib(field: str) -> int:
@@ -43,7 +49,7 @@ def _memory_kib(field: str) -> int:
     raise KeyError(field)
 
 
-def _worker(hf_dir: str, out: str, cp: int, algo: str, length: int, steps: int) -> None:
+def _worker(hf_dir: str, out: str, cp: int, algo: str, ulysses: int, length: int, steps: int) -> None:
     """One rank (under torchrun): a warm-up step, `steps` timed ones, the memory figures; rank 0 writes `out`."""
     import time
 
@@ -55,7 +61,7 @@ def _worker(hf_dir: str, out: str, cp: int, algo: str, length: int, steps: int) 
     from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel
 
     torch.set_num_threads(1)
-    init_parallel(1, 1, cp=cp)
+    init_parallel(1, 1, cp=cp, ulysses=ulysses)
     layout = ModelLayout.from_hf_dir(hf_dir)
     model = build_model(layout, cp_algo=algo)
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
@@ -99,13 +105,14 @@ def _worker(hf_dir: str, out: str, cp: int, algo: str, length: int, steps: int) 
 
 def run_worker(hf_dir: pathlib.Path, work: pathlib.Path, name: str, length: int, steps: int) -> dict:
     """One torchrun launch of the worker for path `name`; its figures."""
-    cp, algo = PATHS[name]
+    cp, algo, ulysses = PATHS[name]
     out = work / f"result-{name}.json"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(cp), "--master-addr", "127.0.0.1",
-           "--master-port", str(port), __file__, "--worker", str(hf_dir), str(out), str(cp), algo, str(length), str(steps)]
+           "--master-port", str(port), __file__, "--worker", str(hf_dir), str(out), str(cp), algo, str(ulysses), str(length),
+           str(steps)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
@@ -123,9 +130,9 @@ def build_long_model(out_dir: pathlib.Path, length: int) -> pathlib.Path:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), int(sys.argv[7]))
+        _worker(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]))
         return
-    p = parser(__doc__, "a 1024-token sequence, one repetition of 2 steps (seconds, to check it runs)")
+    p = parser(__doc__, "a 1024-token sequence at CP 1 and 2 only, one repetition of 2 steps (seconds, to check it runs)")
     p.add_argument("--length", type=int, default=None, help="tokens in the sequence (default 4096; --quick 1024)")
     p.add_argument("--steps", type=int, default=None, help="timed steps per launch (default 3; --quick 2)")
     args = p.parse_args()
@@ -136,9 +143,10 @@ def main() -> None:
     work = work_dir("context-parallel")
     hf_dir = build_long_model(work / "model", length)
     progress(f"one sequence of {length} tokens, demo model shape, {steps} timed forward + backward steps per launch")
-    results: dict[str, list[dict]] = {name: [] for name in PATHS}
+    paths = QUICK_PATHS if args.quick else tuple(PATHS)
+    results: dict[str, list[dict]] = {name: [] for name in paths}
     for rep in range(reps):  # interleaved: each repetition launches every path once
-        for name in PATHS:
+        for name in paths:
             results[name].append(run_worker(hf_dir, work, name, length, steps))
         progress(f"rep {rep + 1}/{reps}: " + ", ".join(f"{n} {r[-1]['step_s']:.3f} s" for n, r in results.items()))
     last = {name: r[-1] for name, r in results.items()}
@@ -148,9 +156,11 @@ def main() -> None:
         peak = max(rank["peak_added_bytes"] for rank in figures["ranks"])
         print(f"{name}: activations {activations / 2**20:.1f} MiB per rank (largest), step peak resident +{peak / 2**20:.1f} MiB, "
               f"step {median([r['step_s'] for r in results[name]]):.3f} s")
-    for name in ("cp2-ulysses", "cp2-ring"):
+    for name in paths[1:]:
         activations = max(rank["activation_bytes"] for rank in last[name]["ranks"])
-        ratio(f"activation memory per rank {name} / cp1", activations / one["activation_bytes"], at_most=MEMORY_GOAL)
+        # The issue's goal is CP 2's; CP 4 has none of its own (a quarter of each sequence would be ideal).
+        ratio(f"activation memory per rank {name} / cp1", activations / one["activation_bytes"],
+              at_most=MEMORY_GOAL if PATHS[name][0] == 2 else None)
         peak = max(rank["peak_added_bytes"] for rank in last[name]["ranks"])
         ratio(f"step peak resident added per rank {name} / cp1", peak / max(1, one["peak_added_bytes"]))
         per_token = [(r2["step_s"] / r2["tokens"]) / (r1["step_s"] / r1["tokens"]) for r1, r2 in zip(results["cp1"], results[name])]

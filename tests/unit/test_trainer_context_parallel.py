@@ -1,5 +1,5 @@
 """Context parallel in the trainer: Ulysses and ring attention over two CP ranks (and TP 2 x CP 2), and the hybrid of the
-two over four (Ulysses pairs, a ring of two), give what one rank gives.
+two over four (Ulysses pairs, a ring of two, the PPO critic too), give what one rank gives.
 
 Each case runs tests/unit/context_parallel_worker.py under torchrun (gloo) and compares what a user would check
 against one rank on the same batch: the log-probs and entropy handed back (padded and packed), the loss, the
@@ -24,13 +24,15 @@ def hf_dir(tmp_path_factory):
     return tiny_hf_model(tmp_path_factory.mktemp("hf"))
 
 
-def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1, pp: int = 1, ulysses: int = 1) -> list[dict]:
-    return torchrun_ranks(WORKER, tp * cp * dp * pp, hf_dir, out, tp, cp, algo, pp, ulysses)
+def run_ranks(hf_dir, out: pathlib.Path, tp: int, cp: int, algo: str, dp: int = 1, pp: int = 1, ulysses: int = 1,
+              critic: bool = False) -> list[dict]:
+    return torchrun_ranks(WORKER, tp * cp * dp * pp, hf_dir, out, tp, cp, algo, pp, ulysses, int(critic))
 
 
 @pytest.fixture(scope="module")
 def single(hf_dir, tmp_path_factory):
-    (rank,) = run_ranks(hf_dir, tmp_path_factory.mktemp("cp1"), 1, 1, "megatron_cp_algo")
+    # The critic's one-rank figures come from this launch too, for the hybrid case to compare with.
+    (rank,) = run_ranks(hf_dir, tmp_path_factory.mktemp("cp1"), 1, 1, "megatron_cp_algo", critic=True)
     return rank
 
 
@@ -64,13 +66,21 @@ def test_two_context_parallel_ranks_give_the_log_probs_loss_and_gradients_of_one
 def test_hybrid_context_parallel_4_as_ulysses_2_by_ring_2_trains_as_one_rank(hf_dir, tmp_path, single):
     # CP ranks 0, 1 and 2, 3 exchange heads (4 heads -> 2 each; the 2 KV heads split too), then 0, 2 and 1, 3 run the ring
     # on their pair's positions: chunks 0-1 + 6-7 and 2-3 + 4-5 of 8, the ring's layout for two ranks.
-    ranks = run_ranks(hf_dir, tmp_path / "hybrid", 1, 4, "hybrid_cp_algo", ulysses=2)
+    ranks = run_ranks(hf_dir, tmp_path / "hybrid", 1, 4, "hybrid_cp_algo", ulysses=2, critic=True)
     assert sorted(rank["key"] for rank in ranks) == [(0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 0, 3)]
+    one = single["critic"]
     for rank in ranks:
         assert_same_as_one_rank(single, rank)
         padded = rank["padded"]  # a quarter of every row, padded to a multiple of 8, megatron's positions
         assert padded["local_tokens"].size(1) * 4 == padded_length(single["padded"]["local_tokens"].size(1), 4)
         assert torch.equal(padded["local_tokens"], padded["megatron_tokens"])
+        # The PPO critic under the same groups: one rank's values, and its step (test_trainer_critic's CP 2 checks).
+        critic = rank["critic"]
+        assert torch.allclose(critic["values"], one["values"], atol=1e-5)
+        assert torch.allclose(critic["values_after"], one["values_after"], atol=1e-5)
+        for name in ("vf_loss", "vf_clipfrac", "values_mean", "grad_norm"):
+            assert critic["metrics"][name] == pytest.approx(one["metrics"][name], abs=1e-5), name
+    assert (one["values_after"] - one["values"]).abs().max() > 1e-3  # the compared step moved the values
 
 
 def test_context_parallel_2_with_tensor_parallel_2_trains_as_one_rank(hf_dir, tmp_path, single):
