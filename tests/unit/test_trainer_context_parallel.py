@@ -41,7 +41,9 @@ def assert_same_as_one_rank(single: dict, rank: dict, grads: bool = True) -> Non
         one, other = single[layout], rank[layout]
         assert torch.allclose(other["logp"], one["logp"], atol=1e-5), layout
         assert torch.allclose(other["entropy"], one["entropy"], atol=1e-5), layout
-        assert other["loss"] == pytest.approx(one["loss"], abs=1e-6), layout
+        # A mean of log-probs each within 1e-5: the ring's other summation order moved it by 1.4e-6 (3 float32 steps at
+        # 6.4) on one machine, within 1e-6 on another.
+        assert other["loss"] == pytest.approx(one["loss"], abs=1e-5), layout
         if grads:
             for name, grad in one["grads"].items():
                 assert torch.allclose(other["grads"][name], grad, atol=1e-5), (layout, name)
