@@ -647,9 +647,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"megatron_training.expert_model_parallel_size: {ep} expert-parallel ranks x tensor_model_parallel_size x "
             f"pipeline_model_parallel_size = {tp_pp * ep} does not divide rl_config.actor_resource.num_npus {rl.actor_resource.num_npus}"
         )
-    if ep > 1 and mt.context_parallel_size > 1:
-        errors.append("megatron_training.expert_model_parallel_size: cannot be > 1 with context_parallel_size > 1 yet (the two "
-                      "were built and tested apart); set one of them to 1")
     mp = tp_pp * mt.context_parallel_size
     if mp > 0 and rl.actor_resource.num_npus % mp:
         errors.append(

@@ -1,7 +1,8 @@
 """One rank of the expert-parallel test, started by torchrun: a GRPO update of a tiny MoE model with megatron-core's DDP
 and optimizer, its experts split over EP ranks (the data-parallel ranks, which also split the batch).
 
-Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP [checkpoint [RESUME_FROM]]
+Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP [cpC] [checkpoint [RESUME_FROM]]
+(cpC: context parallel over C ranks, ring attention, beside EP; N = EP x C).
 Each rank writes OUT_DIR/rank{r}.pt: the update's metrics (its loss, grad norm and the routers' load-balancing loss),
 the reduced gradients of the update's optimizer step and the weights after it, both gathered in HF names (experts
 over EP: what a weight push sends), and how many experts this rank holds per layer.
@@ -36,6 +37,12 @@ REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
 UPDATE = UpdateConfig(mini_batch_size=8, forward=ForwardConfig(micro_batch_size=1), loss=PolicyLossConfig(entropy_coeff=0.01))
 
 
+def batch():
+    """8 samples of 4 or 8 tokens: multiples of 2 x CP, so context parallel pads none. The routers score padding tokens
+    too (megatron is given no padding mask), so CP's padding would change the load-balancing loss a little."""
+    return random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[5, 4, 3, 2, 1, 4, 6, 3])
+
+
 def checkpointed_updates(hf_dir: str, out_dir: pathlib.Path, model, layout, train: TrainBatch, resume_from: str | None) -> dict:
     """Two updates with the distributed optimizer and a checkpoint between them (or the checkpoint, then the second)."""
     optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, use_distributed_optimizer=True), total_steps=2)
@@ -55,12 +62,13 @@ def checkpointed_updates(hf_dir: str, out_dir: pathlib.Path, model, layout, trai
 def main() -> None:
     torch.set_num_threads(1)
     hf_dir, out_dir, ep = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
-    init_parallel(1, 1, ep=ep)
+    cp = int(sys.argv.pop(4)[2:]) if sys.argv[4:5] and sys.argv[4].startswith("cp") else 1
+    init_parallel(1, 1, ep=ep, cp=cp)
     layout = ModelLayout.from_hf_dir(hf_dir)
     model = build_model(layout)
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
     if sys.argv[4:5] == ["checkpoint"]:
-        samples = random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[4, 2, 3, 5, 1, 3, 4, 2])
+        samples = batch()
         train = TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask()))
         out = checkpointed_updates(hf_dir, out_dir, model, layout, train, sys.argv[5] if len(sys.argv) > 5 else None)
         torch.save(out, out_dir / f"rank{torch.distributed.get_rank()}.pt")
@@ -68,7 +76,7 @@ def main() -> None:
         return
     # The replicated optimizer all-reduces whole gradients, so every rank's buffer holds them after the step.
     optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, use_distributed_optimizer=False), total_steps=1)
-    samples = random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[4, 2, 3, 5, 1, 3, 4, 2])
+    samples = batch()
     metrics = update_policy(model, optimizer, TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask())), UPDATE)
     grads = gather_hf_tensors({name: p.main_grad for name, p in model.named_parameters()}, layout)
     experts = sum(1 for name, _ in model.named_parameters() if "layers.0.mlp.experts.local_experts." in name and "fc1" in name)

@@ -1,5 +1,6 @@
 """Expert parallel on CPU (gloo all-to-all): two ranks holding two experts each train a tiny Qwen2-MoE model as one rank
-holding all four does: the same loss, load-balancing loss, gradients and weights after the step. A checkpoint saved on
+holding all four does: the same loss, load-balancing loss, gradients and weights after the step; so do four ranks at
+expert parallel 2 x context parallel 2. A checkpoint saved on
 two expert-parallel ranks (one shard per EP rank, as Megatron names them) resumes to the uninterrupted run's next step
 and converts to one Hugging Face model with every expert.
 
@@ -20,9 +21,17 @@ def run_ranks(hf_dir, out: pathlib.Path, ranks: int, ep: int, *mode) -> list[dic
     return torchrun_ranks(WORKER, ranks, hf_dir, out, ep, *mode)
 
 
-def test_two_expert_parallel_ranks_train_as_one(tmp_path):
-    hf_dir = tiny_hf_model(tmp_path / "hf", architecture="qwen2_moe")
-    (single,) = run_ranks(hf_dir, tmp_path / "ep1", 1, 1)
+@pytest.fixture(scope="module")
+def single_rank_update(tmp_path_factory) -> tuple[pathlib.Path, dict]:
+    """The tiny MoE model's directory and the update of one rank holding every expert."""
+    tmp = tmp_path_factory.mktemp("moe")
+    hf_dir = tiny_hf_model(tmp / "hf", architecture="qwen2_moe")
+    (single,) = run_ranks(hf_dir, tmp / "ep1", 1, 1)
+    return hf_dir, single
+
+
+def test_two_expert_parallel_ranks_train_as_one(single_rank_update, tmp_path):
+    hf_dir, single = single_rank_update
     pair = run_ranks(hf_dir, tmp_path / "ep2", 2, 2)
     assert single["local_experts"] == 4 and [r["local_experts"] for r in pair] == [2, 2]
     assert single["metrics"]["moe_aux_loss"] > 0  # the routers' load-balancing loss entered this update
@@ -41,6 +50,20 @@ def test_two_expert_parallel_ranks_train_as_one(tmp_path):
             moved = single["grads"][name].abs() > 1e-5
             assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name
 
+
+
+def test_expert_parallel_with_context_parallel_trains_as_one_rank(single_rank_update, tmp_path):
+    """EP 2 x CP 2 (ring attention) on 4 ranks: the same step, the load-balancing loss included. Each CP rank's router
+    scores half of every sequence, so its tracked load-balancing loss is a part that megatron sums over TP x CP."""
+    hf_dir, single = single_rank_update
+    ranks = run_ranks(hf_dir, tmp_path / "ep2cp2", 4, 2, "cp2")
+    assert [r["local_experts"] for r in ranks] == [2, 2, 2, 2]
+    for rank in ranks:
+        for name in ("loss", "pg_loss", "entropy", "grad_norm", "moe_aux_loss"):
+            assert rank["metrics"][name] == pytest.approx(single["metrics"][name], rel=1e-5, abs=1e-6), name
+        for name, weight in single["weights"].items():
+            moved = single["grads"][name].abs() > 1e-5  # as above: where the gradient is not rounding noise
+            assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name
 
 def test_an_expert_parallel_checkpoint_resumes_and_converts_with_every_expert(tmp_path):
     hf_dir = tiny_hf_model(tmp_path / "hf", architecture="qwen2_moe")

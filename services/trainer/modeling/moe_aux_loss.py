@@ -25,12 +25,21 @@ def set_weight(weight: float) -> None:
 
 def take(coeff: float) -> float:
     """The load-balancing loss of the forward passes since the last call (coeff x its sum over layers, what the
-    objective gains), and clears megatron's tracker for the next."""
+    objective gains), and clears megatron's tracker for the next. With coeff > 0 a collective over the tensor- and
+    context-parallel ranks, which all take it at the same point.
+
+    Under TP or CP each rank's router scores its own tokens against the expert counts of all of them, so its tracked
+    value is a part: megatron sums the parts over the group it records (tp_cp), as its own logging does."""
     from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker, get_moe_layer_wise_logging_tracker
 
     entry = get_moe_layer_wise_logging_tracker().get(TRACKER_NAME)
     if entry is None:
         return 0.0
-    value = float(entry["values"].sum()) * coeff
+    values = entry["values"].detach().clone()
     clear_aux_losses_tracker()
-    return value
+    if coeff == 0:
+        return 0.0
+    group = entry.get("reduce_group")
+    if group is not None and torch.distributed.get_world_size(group) > 1:
+        torch.distributed.all_reduce(values, group=group)
+    return float(values.sum()) * coeff
