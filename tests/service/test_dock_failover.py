@@ -66,9 +66,13 @@ class SentinelSet:
         self.client(self.replica_port).replicaof("127.0.0.1", self.primary_port)
 
     def restart_old_primary_as_replica(self) -> subprocess.Popen:
-        """Starts a server on the old primary's port that replicates the promoted one (a replica for WAIT to count)."""
+        """Starts a server on the old primary's port that replicates the promoted one (a replica for WAIT to count).
+
+        Sentinel may never promote it (replica-priority 0): it starts empty and syncs after a few
+        seconds, so a failover to it would drop the pool.
+        """
         self.primary, _ = start_redis_server(self.primary_dir, "--appendonly", "no", "--masterauth", PASSWORD,
-                                             "--replicaof", "127.0.0.1", str(self.replica_port),
+                                             "--replicaof", "127.0.0.1", str(self.replica_port), "--replica-priority", "0",
                                              port=self.primary_port, password=PASSWORD)
         _wait_for(lambda: self.client(self.primary_port).info("replication").get("master_link_status") == "up", "the new replica's sync")
         return self.primary
@@ -83,7 +87,7 @@ def _wait_for(check, what: str, timeout_s: float = 30.0) -> None:
 
 @pytest.fixture
 def sentinel_set(tmp_path):
-    """A primary, a replica and one Sentinel (quorum 1, down after 1 s), all on 127.0.0.1, data servers behind a password."""
+    """A primary, a replica and one Sentinel (quorum 1, down after 5 s), all on 127.0.0.1, data servers behind a password."""
     started: list[subprocess.Popen] = []
     try:
         primary, primary_url = start_redis_server(tmp_path, "--appendonly", "no", "--masterauth", PASSWORD, password=PASSWORD)
@@ -99,10 +103,13 @@ def sentinel_set(tmp_path):
         sentinel_dir.mkdir()
         sentinel_port = free_port()
         conf = sentinel_dir / "sentinel.conf"  # Sentinel rewrites its config file, so it gets its own
+        # Down after 5 s, not 1: a server of a loaded 2-core machine can miss Sentinel's pings for
+        # a second (seen just after a promotion, on Sentinel's new link to the promoted primary),
+        # and Sentinel then fails over again, to a replica the test did not mean to promote.
         conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\ndir {sentinel_dir}\n"
                         f"sentinel monitor {MASTER} 127.0.0.1 {primary_port} 1\n"
                         f"sentinel auth-pass {MASTER} {PASSWORD}\n"
-                        f"sentinel down-after-milliseconds {MASTER} 1000\n"
+                        f"sentinel down-after-milliseconds {MASTER} 5000\n"
                         f"sentinel failover-timeout {MASTER} 10000\n")
         sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         started.append(sentinel)

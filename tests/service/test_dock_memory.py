@@ -1,7 +1,7 @@
 """Redis memory under dock traffic: trained rows leave Redis, and dock.max_memory_mb refuses a put that would pass it.
 
-Each test has a redis-server of its own: used_memory counts every client's keys, so the shared
-Redis (other tests, other developers) would blur the figures.
+The tests that read used_memory have a redis-server of their own: it counts every client's keys,
+so the shared Redis (other tests, other developers) would blur the figures.
 """
 import numpy as np
 import pytest
@@ -72,3 +72,40 @@ def test_a_put_that_would_pass_max_memory_is_refused_whole(private_client):
     assert dock.stats().live_rows == N
     roomy = Dock(private_client, "mem", "run", max_memory_mb=used_mb + 64)
     assert roomy.put(dock.rows_of([1]), {"prompts": big}) == N
+
+
+def _values_and_ready_bits(client: redis.Redis, dock: Dock) -> tuple[list[bytes], int]:
+    """The run's value keys and how many ready flags are set in all its `ready:{column}` bitmaps."""
+    values = sorted(client.scan_iter(dock.keys.base + "val:*", count=1000))
+    ready = sum(client.bitcount(key) for key in client.scan_iter(dock.keys.base + "ready:*", count=1000))
+    return values, ready
+
+
+def test_a_pool_made_before_the_stored_set_still_removes_every_retired_value(dock_factory):
+    """A dock created by the code before the `stored` set (meta `format`, lua/lib.lua) retires rows as that code did.
+
+    Its state is built as that code left it: a meta hash without `format`, values and ready flags
+    of several columns, and no `stored` set. A put of this code then starts the set with one column
+    only, as a run resumed on its old dock would; retiring must still remove every column's values.
+    """
+    dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=2))
+    client, meta = dock.client, dock.keys.meta
+    rows = dock.rows_of([0, 1])
+    dock.put(rows, {"prompts": [np.array([1, 2, 3], np.int32)] * len(rows), "labels": ["7"] * len(rows),
+                    "responses": [np.array([4, 5], np.int32)] * len(rows)})
+    client.hdel(meta, "format")
+    client.delete(dock.keys.base + "stored")
+    dock.put(rows, {"rm_scores": [1.0] * len(rows)})  # after the upgrade: `stored` = {rm_scores}
+    claim = dock.claim("actor_train", ["prompts", "responses", "rm_scores"], len(rows))
+    assert claim is not None and claim.indexes == rows
+    dock.ack(claim.lease, claim.indexes)
+    assert dock.begin_iteration(2) == [0, 1]
+    assert _values_and_ready_bits(client, dock) == ([], 0)
+    # Emptied by clear, the old pool takes this format: its `stored` set is complete from then on.
+    dock.clear()
+    assert client.hget(meta, "format") == b"2"
+    dock.put(rows, {"prompts": [np.array([1], np.int32)] * len(rows), "responses": [np.array([2], np.int32)] * len(rows)})
+    claim = dock.claim("actor_train", ["prompts", "responses"], len(rows))
+    dock.ack(claim.lease, claim.indexes)
+    assert dock.begin_iteration(2) == [0, 1]
+    assert _values_and_ready_bits(client, dock) == ([], 0)

@@ -8,6 +8,7 @@ delete_pool(meta)
 if ARGV[2] == 'all' then
   redis.call('DEL', k('meta'), k('consumers'), k('writers'), k('timeline'))
 else
-  redis.call('HSET', k('meta'), 'complete', 0)
+  -- The pool is empty, so from here on the `stored` set names every column with values (lib.lua's FORMAT).
+  redis.call('HSET', k('meta'), 'complete', 0, 'format', FORMAT)
 end
 return 1

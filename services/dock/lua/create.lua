@@ -12,5 +12,5 @@ if lost then return lost end
 if meta then delete_pool(meta) end
 redis.call('DEL', k('meta'), k('consumers'))
 redis.call('HSET', k('meta'), 'layout', ARGV[2], 'n', ARGV[3], 'capacity', ARGV[4], 'completion', ARGV[5],
-  'token', digest, 'target', math.floor(tonumber(ARGV[4]) / tonumber(ARGV[3])), 'complete', 0, 'requeued', 0, 'retired', 0, 'admitted', 0, 'cleared', 0, 'rounds', 0)
+  'token', digest, 'target', math.floor(tonumber(ARGV[4]) / tonumber(ARGV[3])), 'complete', 0, 'requeued', 0, 'retired', 0, 'admitted', 0, 'cleared', 0, 'rounds', 0, 'format', FORMAT)
 return 1

@@ -7,7 +7,12 @@ local function fail(tag, message) return redis.error_reply(tag .. ' ' .. message
 
 -- The fields of the run's meta hash that scripts use, as a table; nil when the dock was never
 -- created. The layout (JSON) is left out: only deleting the whole pool needs it (layout_columns).
-local META_FIELDS = {'token', 'n', 'capacity', 'completion', 'target', 'complete'}
+local META_FIELDS = {'token', 'n', 'capacity', 'completion', 'target', 'complete', 'format'}
+
+-- The pool's key format, meta's `format`, written by create and clear (an empty pool). 2: the
+-- `stored` set names every column that holds values. A pool made before it (no `format`) holds
+-- values no put recorded there, and keeps the old way of retiring rows (drop_rows).
+local FORMAT = 2
 local function load_meta()
   local values = redis.call('HMGET', k('meta'), unpack(META_FIELDS))
   if not values[2] then return nil end
@@ -192,7 +197,15 @@ local function drop_rows(meta, rows)
   local bitmaps, values, groups, seen = {k('live')}, {}, {}, {}
   -- Only the columns some put wrote (put.lua's `stored`): the layout's other columns have no
   -- values or ready flags to remove, and making and deleting their keys was a third of the work.
-  for _, column in ipairs(redis.call('SMEMBERS', k('stored'))) do
+  -- A pool older than the set (FORMAT) may hold values of any layout column: all of them go.
+  local columns
+  if tonumber(meta.format or '1') >= FORMAT then
+    columns = redis.call('SMEMBERS', k('stored'))
+  else
+    columns = {}
+    for i, column in ipairs(layout_columns()) do columns[i] = column.name end
+  end
+  for _, column in ipairs(columns) do
     bitmaps[#bitmaps + 1] = k('ready:' .. column)
     local prefix = value_prefix(column)
     for _, row in ipairs(rows) do values[#values + 1] = prefix .. row end
