@@ -51,7 +51,6 @@ def test_two_expert_parallel_ranks_train_as_one(single_rank_update, tmp_path):
             assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name
 
 
-
 def test_expert_parallel_with_context_parallel_trains_as_one_rank(single_rank_update, tmp_path):
     """EP 2 x CP 2 (ring attention) on 4 ranks: the same step, the load-balancing loss included. Each CP rank's router
     scores half of every sequence, so its tracked load-balancing loss is a part that megatron sums over TP x CP."""
@@ -64,6 +63,7 @@ def test_expert_parallel_with_context_parallel_trains_as_one_rank(single_rank_up
         for name, weight in single["weights"].items():
             moved = single["grads"][name].abs() > 1e-5  # as above: where the gradient is not rounding noise
             assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name
+
 
 def test_an_expert_parallel_checkpoint_resumes_and_converts_with_every_expert(tmp_path):
     hf_dir = tiny_hf_model(tmp_path / "hf", architecture="qwen2_moe")
