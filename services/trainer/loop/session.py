@@ -113,7 +113,8 @@ class TrainerSession:
     version: int = 0
     prompt_cursor: int = 0
     num_prompts: int = 1
-    _weight_stream: HfWeightStream | None = None  # the first push's plan, reused by every later one (weight_stream)
+    # the first push's stream, whose plan every later push reuses (weight_stream); the session's own state
+    _weight_stream: HfWeightStream | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def start(cls, cfg: Config, token: str, num_prompts: int, resume: bool = False, host: str | None = None,
