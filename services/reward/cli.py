@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--prompt", default="", help="the prompt text before the response (read by reward_model only)")
     score.add_argument("--verifier", action="append", default=[], metavar="NAME",
                        help="a verifier to apply (repeatable; default: rl_config.verifier_function); "
-                            "names: format, strict_format, base_acc, acc, math_17k_acc, math_verify, acc_for_dapo, step, "
+                            "names: format, strict_format, base_acc, acc, math_17k_acc, acc_for_ppo, math_verify, math_verify_reward, "
+                            "acc_for_dapo, step, "
                             "and reward_model (the config's reward_config.load)")
     score.add_argument("--weight", action="append", type=float, default=[], metavar="W",
                        help="weight of the matching --verifier (repeatable; default 1.0 each)")

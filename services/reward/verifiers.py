@@ -92,6 +92,12 @@ def _math_verify(response: str, label: str) -> float:
     return 1.0 if math_verify_score(response, label) else 0.0
 
 
+def _math_verify_reward(response: str, label: str) -> float:
+    # the `format` verifier's shape first: an answer outside <think>...</think><answer>...</answer>
+    # earns nothing however right it is, so the policy cannot drop the reasoning to score
+    return 1.0 if _THINK_ANSWER.match(response) and math_verify_score(response, label) else 0.0
+
+
 def _acc_for_dapo(response: str, label: str) -> float:
     answer = minerva_answer(response)
     return 1.0 if answer is not None and answer == minerva_normalise(label) else -1.0
@@ -129,6 +135,13 @@ _VERIFIERS = (
         "1 if math-verify finds the label (as \\boxed{label}) in the response, else 0",
         0.0,
         _math_verify,
+    ),
+    Verifier(
+        "math_verify_reward",
+        "math_verify behind the format gate: 1 if the response is <think>...</think> <answer>...</answer> and "
+        "math-verify finds the label in it, else 0",
+        0.0,
+        _math_verify_reward,
     ),
     Verifier(
         "acc_for_dapo",

@@ -15,7 +15,7 @@ def score(name: str, response: str, label: str) -> float:
 
 def test_registry_has_mindspeed_names():
     assert set(REGISTRY) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "acc_for_dapo",
-                             "acc_for_ppo", "step"}
+                             "acc_for_ppo", "math_verify_reward", "step"}
 
 
 def test_unknown_verifier_names_the_field_and_the_known_ones():
@@ -151,6 +151,13 @@ def test_math_verify_reads_the_whole_response():
     assert score("math_verify", "", "34") == 0.0
 
 
+def test_math_verify_reward_gates_math_verify_on_the_format():
+    assert score("math_verify_reward", r"<think>half</think> <answer>$\frac{1}{2}$</answer>", "0.5") == 1.0
+    assert score("math_verify_reward", "<think>34?</think>\n<answer>33</answer>", "34") == 0.0  # wrong, well formed
+    assert score("math_verify_reward", r"The answer is $\frac{1}{2}$.", "0.5") == 0.0  # right, no format
+    assert score("math_verify", r"The answer is $\frac{1}{2}$.", "0.5") == 1.0  # the gate is the only difference
+
+
 def test_acc_for_dapo_minerva_answer_line():
     assert score("acc_for_dapo", "work...\nAnswer: 34", "34") == 1.0
     assert score("acc_for_dapo", "work...\nanswer : 34 cm", "34") == 1.0  # units dropped
@@ -163,9 +170,9 @@ def test_acc_for_dapo_minerva_answer_line():
 
 # What each verifier gives an answer-less response, and a 100k-character one ending in the right box.
 NO_ANSWER = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": -1.0, "math_17k_acc": 0.0, "acc_for_ppo": 0.0,
-             "math_verify": 0.0, "acc_for_dapo": -1.0, "step": 0.0}
+             "math_verify": 0.0, "math_verify_reward": 0.0, "acc_for_dapo": -1.0, "step": 0.0}
 LONG_BOXED = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": 1.0, "math_17k_acc": 1.0, "acc_for_ppo": 1.0,
-              "math_verify": 1.0, "acc_for_dapo": -1.0, "step": 0.0}
+              "math_verify": 1.0, "math_verify_reward": 0.0, "acc_for_dapo": -1.0, "step": 0.0}
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
