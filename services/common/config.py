@@ -695,19 +695,16 @@ def _validate(cfg: Config, errors: list[str]) -> None:
 
 
 def _validate_routing_replay(cfg: Config, errors: list[str]) -> None:
-    """What rl_config.routing_replay needs from the rollout and the trainer's layout (docs/moe.md)."""
+    """What rl_config.routing_replay needs from the rollout (docs/moe.md)."""
     if not cfg.rl_config.routing_replay:
         return
-    gen, mt = cfg.generate_config, cfg.megatron_training
+    gen = cfg.generate_config
     if not gen.enforce_eager:
         errors.append("rl_config.routing_replay: needs generate_config.enforce_eager: true; vLLM's compiled model "
                       "(torch.compile, CUDA graphs) skips the router hook that records the routed experts")
     if gen.enable_prefix_caching:
         errors.append("rl_config.routing_replay: needs generate_config.enable_prefix_caching: false; prompt tokens found "
                       "in the prefix cache are never computed, so their routing would be missing from the record")
-    if mt.context_parallel_size > 1:
-        errors.append("rl_config.routing_replay: not built with megatron_training.context_parallel_size > 1 (each CP rank "
-                      "routes a reordered share of every sequence, which the replayed routing would have to follow)")
 
 
 def _validate_profiler(pc: ProfilerConfig, path: str, errors: list[str]) -> None:

@@ -3,7 +3,8 @@ and optimizer, its experts split over EP ranks (the data-parallel ranks, which a
 
 Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP [cpC] [checkpoint [RESUME_FROM]]
 (cpC: context parallel over C ranks, ring attention, beside EP; N = EP x C).
-Each rank writes OUT_DIR/rank{r}.pt: the update's metrics (its loss, grad norm and the routers' load-balancing loss),
+Each rank writes OUT_DIR/rank{r}.pt: the batch's log-probs before the update, with the routers' own choice and with a
+given routing replayed (padded and packed), the update's metrics (its loss, grad norm and the routers' load-balancing loss),
 the reduced gradients of the update's optimizer step and the weights after it, both gathered in HF names (experts
 over EP: what a weight push sends), and how many experts this rank holds per layer.
 With `checkpoint` (the distributed optimizer): two updates with a checkpoint between them in OUT_DIR/ckpt, the weights
@@ -25,9 +26,10 @@ from services.trainer.algorithm.losses import PolicyLossConfig  # noqa: E402
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy  # noqa: E402
 from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, save_checkpoint  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
-from services.trainer.modeling.logprobs import ForwardConfig  # noqa: E402
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, forward_micro_batch  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
+from services.trainer.modeling.routing_replay import moe_replays  # noqa: E402
 from services.trainer.weights.gather import gather_hf_tensors, gather_hf_weights  # noqa: E402
 
 N = 4  # samples per prompt: 8 samples are 2 groups
@@ -41,6 +43,19 @@ def batch():
     """8 samples of 4 or 8 tokens: multiples of 2 x CP, so context parallel pads none. The routers score padding tokens
     too (megatron is given no padding mask), so CP's padding would change the load-balancing loss a little."""
     return random_batch(5, prompt_lengths=[3, 4, 5, 2, 3, 4, 2, 5], response_lengths=[5, 4, 3, 2, 1, 4, 6, 3])
+
+
+def replayed_logprobs(model, layout: ModelLayout, samples: ResponseBatch) -> dict:
+    """The batch's log-probs with the routers' own choice, and with a fixed draw of experts replayed (routing replay),
+    padded and packed: under context parallel the replayed experts must follow each CP rank's reordered share."""
+    gen = torch.Generator().manual_seed(11)
+    layers = len(moe_replays(model))
+    routed = [torch.rand(n - 1, layers, layout.num_experts, generator=gen).argsort(-1)[..., : layout.moe_topk].to(torch.uint8)
+              for n in samples.sequence_lengths.tolist()]
+    replayed = ResponseBatch(samples.tokens, samples.prompt_lengths, samples.response_lengths, routed)
+    with torch.no_grad():
+        return {"natural": forward_micro_batch(model, samples, packed=False)[0],
+                **{name: forward_micro_batch(model, replayed, packed)[0] for name, packed in (("padded", False), ("packed", True))}}
 
 
 def checkpointed_updates(hf_dir: str, out_dir: pathlib.Path, model, layout, train: TrainBatch, resume_from: str | None) -> dict:
@@ -65,7 +80,7 @@ def main() -> None:
     cp = int(sys.argv.pop(4)[2:]) if sys.argv[4:5] and sys.argv[4].startswith("cp") else 1
     init_parallel(1, 1, ep=ep, cp=cp)
     layout = ModelLayout.from_hf_dir(hf_dir)
-    model = build_model(layout)
+    model = build_model(layout, routing_replay=True)  # the routers replay only when given a routing
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
     if sys.argv[4:5] == ["checkpoint"]:
         samples = batch()
@@ -77,10 +92,11 @@ def main() -> None:
     # The replicated optimizer all-reduces whole gradients, so every rank's buffer holds them after the step.
     optimizer = build_optimizer(model, MegatronTrainingConfig(lr=1e-3, use_distributed_optimizer=False), total_steps=1)
     samples = batch()
+    replayed = replayed_logprobs(model, layout, samples)
     metrics = update_policy(model, optimizer, TrainBatch(samples, group_norm_advantages(REWARDS, N, samples.response_mask())), UPDATE)
     grads = gather_hf_tensors({name: p.main_grad for name, p in model.named_parameters()}, layout)
     experts = sum(1 for name, _ in model.named_parameters() if "layers.0.mlp.experts.local_experts." in name and "fc1" in name)
-    torch.save({"metrics": metrics.metrics.as_dict(), "grads": grads, "weights": gather_hf_weights(model, layout),
+    torch.save({"replayed_logprobs": replayed, "metrics": metrics.metrics.as_dict(), "grads": grads, "weights": gather_hf_weights(model, layout),
                 "local_experts": experts}, out_dir / f"rank{torch.distributed.get_rank()}.pt")
     destroy_parallel()
 

@@ -1,6 +1,6 @@
 """Expert parallel on CPU (gloo all-to-all): two ranks holding two experts each train a tiny Qwen2-MoE model as one rank
 holding all four does: the same loss, load-balancing loss, gradients and weights after the step; so do four ranks at
-expert parallel 2 x context parallel 2. A checkpoint saved on
+expert parallel 2 x context parallel 2, routing replay included. A checkpoint saved on
 two expert-parallel ranks (one shard per EP rank, as Megatron names them) resumes to the uninterrupted run's next step
 and converts to one Hugging Face model with every expert.
 
@@ -41,6 +41,8 @@ def test_two_expert_parallel_ranks_train_as_one(single_rank_update, tmp_path):
     for rank in pair:
         for name in ("loss", "pg_loss", "entropy", "grad_norm", "moe_aux_loss"):
             assert rank["metrics"][name] == pytest.approx(single["metrics"][name], abs=1e-6), name
+        for name in ("natural", "padded", "packed"):
+            assert torch.allclose(rank["replayed_logprobs"][name], single["replayed_logprobs"][name], atol=1e-6, rtol=0), name
         assert rank["grads"].keys() == single["grads"].keys() == original.keys()
         for name, grad in single["grads"].items():
             assert torch.allclose(rank["grads"][name], grad, atol=1e-6, rtol=0), name
@@ -57,9 +59,13 @@ def test_expert_parallel_with_context_parallel_trains_as_one_rank(single_rank_up
     hf_dir, single = single_rank_update
     ranks = run_ranks(hf_dir, tmp_path / "ep2cp2", 4, 2, "cp2")
     assert [r["local_experts"] for r in ranks] == [2, 2, 2, 2]
+    replayed = single["replayed_logprobs"]
+    assert not torch.allclose(replayed["padded"], replayed["natural"])  # the replayed experts are not the routers' own
     for rank in ranks:
         for name in ("loss", "pg_loss", "entropy", "grad_norm", "moe_aux_loss"):
             assert rank["metrics"][name] == pytest.approx(single["metrics"][name], rel=1e-5, abs=1e-6), name
+        for name in ("natural", "padded", "packed"):  # routing replay: each CP rank's share replays its own tokens' experts
+            assert torch.allclose(rank["replayed_logprobs"][name], replayed[name], atol=1e-5, rtol=0), name
         for name, weight in single["weights"].items():
             moved = single["grads"][name].abs() > 1e-5  # as above: where the gradient is not rounding noise
             assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name

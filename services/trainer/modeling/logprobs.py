@@ -222,8 +222,6 @@ def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
         padded = [width]
         tokens = F.pad(batch.tokens[:, : max(lengths)], (0, width - max(lengths))).to(device)
         inputs = padded_inputs(tokens, batch.size, _routing(batch, lengths, width))
-    if cp > 1 and inputs.routing is not None:
-        raise ValueError("rl_config.routing_replay: not built with context parallel (each CP rank routes a reordered share)")
     return inputs if cp == 1 else _context_parallel_share(inputs, padded, cp_rank, cp)
 
 
@@ -246,8 +244,11 @@ def _context_parallel_share(inputs: ModelInputs, lengths: list[int], cp_rank: in
     index = context_parallel.layout_index(lengths, cp)
     mine = index[cp_rank].to(inputs.tokens.device)
     mask = None if inputs.attention_mask is None else inputs.attention_mask[:, :, mine]
+    routing = inputs.routing
+    if routing is not None:  # the router flattens this rank's [S share, b] S-major: the replayed experts follow its tokens
+        routing = routing.view(*inputs.hidden_shape, *routing.shape[1:])[mine.to(routing.device)].flatten(0, 1)
     return ModelInputs(inputs.tokens[:, mine], inputs.positions[:, mine], mask, inputs.packed_seq_params, inputs.starts,
-                       (mine.numel(), inputs.hidden_shape[1]), inputs.tokens.roll(-1, dims=1)[:, mine], index)
+                       (mine.numel(), inputs.hidden_shape[1]), inputs.tokens.roll(-1, dims=1)[:, mine], index, routing)
 
 
 def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInputs) -> tuple[torch.Tensor, torch.Tensor]:
