@@ -705,6 +705,9 @@ def _validate_routing_replay(cfg: Config, errors: list[str]) -> None:
     if gen.enable_prefix_caching:
         errors.append("rl_config.routing_replay: needs generate_config.enable_prefix_caching: false; prompt tokens found "
                       "in the prefix cache are never computed, so their routing would be missing from the record")
+    if (cfg.megatron_training.virtual_pipeline_model_parallel_size or 1) > 1:
+        errors.append("rl_config.routing_replay: not built with megatron_training.virtual_pipeline_model_parallel_size "
+                      "(the interleaved schedule pads every micro-batch to one shape, which the replayed routing would have to follow)")
 
 
 def _validate_profiler(pc: ProfilerConfig, path: str, errors: list[str]) -> None:

@@ -1,8 +1,8 @@
 """One rank of the expert-parallel test, started by torchrun: a GRPO update of a tiny MoE model with megatron-core's DDP
 and optimizer, its experts split over EP ranks (the data-parallel ranks, which also split the batch).
 
-Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP [cpC] [checkpoint [RESUME_FROM]]
-(cpC: context parallel over C ranks, ring attention, beside EP; N = EP x C).
+Usage: torchrun --nproc-per-node N expert_parallel_worker.py HF_DIR OUT_DIR EP [cpC] [ppP] [checkpoint [RESUME_FROM]]
+(cpC: context parallel over C ranks, ring attention, beside EP; ppP: P pipeline stages (1F1B); N = EP x C x P).
 Each rank writes OUT_DIR/rank{r}.pt: the batch's log-probs before the update, with the routers' own choice and with a
 given routing replayed (padded and packed), the update's metrics (its loss, grad norm and the routers' load-balancing loss),
 the reduced gradients of the update's optimizer step and the weights after it, both gathered in HF names (experts
@@ -26,10 +26,9 @@ from services.trainer.algorithm.losses import PolicyLossConfig  # noqa: E402
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy  # noqa: E402
 from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, save_checkpoint  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
-from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, forward_micro_batch  # noqa: E402
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, run_micro_batches  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
-from services.trainer.modeling.routing_replay import moe_replays  # noqa: E402
 from services.trainer.weights.gather import gather_hf_tensors, gather_hf_weights  # noqa: E402
 
 N = 4  # samples per prompt: 8 samples are 2 groups
@@ -49,13 +48,12 @@ def replayed_logprobs(model, layout: ModelLayout, samples: ResponseBatch) -> dic
     """The batch's log-probs with the routers' own choice, and with a fixed draw of experts replayed (routing replay),
     padded and packed: under context parallel the replayed experts must follow each CP rank's reordered share."""
     gen = torch.Generator().manual_seed(11)
-    layers = len(moe_replays(model))
+    layers = layout.num_layers  # every layer of the tiny model is an MoE layer
     routed = [torch.rand(n - 1, layers, layout.num_experts, generator=gen).argsort(-1)[..., : layout.moe_topk].to(torch.uint8)
               for n in samples.sequence_lengths.tolist()]
     replayed = ResponseBatch(samples.tokens, samples.prompt_lengths, samples.response_lengths, routed)
-    with torch.no_grad():
-        return {"natural": forward_micro_batch(model, samples, packed=False)[0],
-                **{name: forward_micro_batch(model, replayed, packed)[0] for name, packed in (("padded", False), ("packed", True))}}
+    return {"natural": run_micro_batches(model, [samples], packed=False)[0][0],
+            **{name: run_micro_batches(model, [replayed], packed)[0][0] for name, packed in (("padded", False), ("packed", True))}}
 
 
 def checkpointed_updates(hf_dir: str, out_dir: pathlib.Path, model, layout, train: TrainBatch, resume_from: str | None) -> dict:
@@ -77,8 +75,11 @@ def checkpointed_updates(hf_dir: str, out_dir: pathlib.Path, model, layout, trai
 def main() -> None:
     torch.set_num_threads(1)
     hf_dir, out_dir, ep = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
-    cp = int(sys.argv.pop(4)[2:]) if sys.argv[4:5] and sys.argv[4].startswith("cp") else 1
-    init_parallel(1, 1, ep=ep, cp=cp)
+    sizes = {"cp": 1, "pp": 1}
+    while sys.argv[4:5] and sys.argv[4][:2] in sizes:
+        arg = sys.argv.pop(4)
+        sizes[arg[:2]] = int(arg[2:])
+    init_parallel(1, sizes["pp"], ep=ep, cp=sizes["cp"])
     layout = ModelLayout.from_hf_dir(hf_dir)
     model = build_model(layout, routing_replay=True)  # the routers replay only when given a routing
     load_hf_into_model(model, load_hf_state(hf_dir), layout)

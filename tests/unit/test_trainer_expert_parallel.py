@@ -1,6 +1,6 @@
 """Expert parallel on CPU (gloo all-to-all): two ranks holding two experts each train a tiny Qwen2-MoE model as one rank
 holding all four does: the same loss, load-balancing loss, gradients and weights after the step; so do four ranks at
-expert parallel 2 x context parallel 2, routing replay included. A checkpoint saved on
+expert parallel 2 x context parallel 2, routing replay included, and two pipeline stages. A checkpoint saved on
 two expert-parallel ranks (one shard per EP rank, as Megatron names them) resumes to the uninterrupted run's next step
 and converts to one Hugging Face model with every expert.
 
@@ -69,6 +69,21 @@ def test_expert_parallel_with_context_parallel_trains_as_one_rank(single_rank_up
         for name, weight in single["weights"].items():
             moved = single["grads"][name].abs() > 1e-5  # as above: where the gradient is not rounding noise
             assert torch.allclose(rank["weights"][name][moved], weight[moved], atol=1e-5, rtol=0), name
+
+
+def test_pipeline_parallel_with_experts_trains_as_one_rank(single_rank_update, tmp_path):
+    """PP 2 (megatron's 1F1B) of the MoE model: the schedule runs micro-batch i's backward after later micro-batches'
+    forwards and sets its own uniform factor on the load-balancing gradient after each; the update still gives it i's
+    weight. Replayed routing reaches each stage's layers by their number in the whole model."""
+    hf_dir, single = single_rank_update
+    stages = run_ranks(hf_dir, tmp_path / "pp2", 2, 1, "pp2")
+    for rank in stages:
+        for name in ("loss", "pg_loss", "entropy", "grad_norm", "moe_aux_loss"):
+            assert rank["metrics"][name] == pytest.approx(single["metrics"][name], rel=1e-5, abs=1e-6), name
+        for name in ("natural", "padded", "packed"):
+            assert torch.allclose(rank["replayed_logprobs"][name], single["replayed_logprobs"][name], atol=1e-5, rtol=0), name
+        for name, grad in single["grads"].items():
+            assert torch.allclose(rank["grads"][name], grad, atol=1e-6, rtol=1e-5), name
 
 
 def test_an_expert_parallel_checkpoint_resumes_and_converts_with_every_expert(tmp_path):

@@ -70,7 +70,7 @@ def test_experts_router_and_shared_expert_land_where_megatron_reads_them(moe_dir
 
 @pytest.mark.parametrize("tp,pp,ep,message", [
     (1, 1, 3, "expert_model_parallel_size: 3 does not divide the model's num_experts 4"),
-    (1, 2, 1, "pipeline_model_parallel_size: pipeline parallel with a mixture-of-experts model is not built yet"),
+    (1, 4, 1, "pipeline_model_parallel_size: 4 does not divide num_hidden_layers 2"),
 ])
 def test_splits_the_trainer_cannot_make_are_refused(moe_dir, tp, pp, ep, message):
     with pytest.raises(ValueError, match=message):

@@ -123,8 +123,9 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
     moe = bool(model.config.num_moe_experts)
     if moe:
         moe_aux_loss.take(0.0)  # drop what other models' passes (the critic's) left in megatron's tracker
-    # LOSS_METRICS, then the MoE load-balancing loss; filled on the last pipeline stage, where losses are computed
+    # LOSS_METRICS, filled on the last pipeline stage, where losses are computed, then the MoE load-balancing loss
     loss_totals = torch.zeros(len(LOSS_METRICS) + 1)
+    aux_total = torch.zeros(())  # this stage's MoE layers' part of the load-balancing loss, weighted as the losses are
     grad_norm = lr = 0.0
     steps = 0
     for epoch in range(cfg.epochs):
@@ -133,6 +134,9 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
             mini_tokens = mask[mini].sum()
             mine = my_rows(mini)
             indexes = [mine[micro] for micro in micro_batches(samples.select(mine), cfg.forward)] if len(mine) else []
+            # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
+            weights = [float(mask[index].sum() / mini_tokens) if cfg.loss.token_level else len(index) / len(mini)
+                       for index in indexes]
 
             def micro_loss(i: int, logp: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
                 index = indexes[i]
@@ -145,15 +149,15 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
                 behaviour = batch.behaviour_logprobs[index, :width].to(logp.device) if batch.behaviour_logprobs is not None else None
                 out = policy_loss(logp, old, batch.advantages[index, :width].to(logp.device), part_mask, cfg.loss,
                                   entropy=entropy, kl=kl, behaviour_logprob=behaviour)
-                # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
-                weight = part_mask.sum().cpu() / mini_tokens if cfg.loss.token_level else len(index) / len(mini)
-                loss_totals[:-1].add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * float(weight))
-                if moe:
-                    loss_totals[-1] += moe_aux_loss.take(model.config.moe_aux_loss_coeff) * float(weight)
-                    moe_aux_loss.set_weight(float(weight) * optimizer.loss_scale)
-                return out.loss * weight * optimizer.loss_scale
+                loss_totals[:-1].add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * weights[i])
+                return out.loss * weights[i] * optimizer.loss_scale
 
-            results = run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
+            def moe_stage_forward(i: int, output: torch.Tensor) -> None:
+                aux_total.add_(moe_aux_loss.take(model.config.moe_aux_loss_coeff) * weights[i])
+                moe_aux_loss.weigh_backward(output, weights[i] * optimizer.loss_scale)
+
+            results = run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding,
+                                        micro_loss, moe_stage_forward if moe else None)
             if old_logprobs is None:
                 for index, (logp, _) in zip(indexes, results):
                     start_logprobs[index, : logp.size(1)] = logp.float().cpu()
@@ -161,6 +165,7 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
             grad_norm += step_grad_norm
             lr += step_lr
             steps += 1
+    loss_totals[-1] = moe_aux_loss.sum_over_stages(aux_total) if moe else 0.0
     sum_over_data_parallel(loss_totals)  # each rank's parts are weighted as shares of the whole mini-batch
     broadcast_from_last_stage(loss_totals)
     if old_logprobs is None:

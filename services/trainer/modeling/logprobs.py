@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -270,21 +271,27 @@ def response_stats(logits: torch.Tensor, batch: ResponseBatch, inputs: ModelInpu
     return out_logp, out_entropy
 
 
-def forward_micro_batch(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_micro_batch(model, batch: ResponseBatch, packed: bool,
+                        after_forward: Callable[[torch.Tensor], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward pass over all of `batch` on a single pipeline stage: (log-probs [b, L], entropy [b, L]).
 
-    Gradients flow when called outside torch.no_grad().
+    Gradients flow when called outside torch.no_grad(); `after_forward` sees the model's output first.
     """
     inputs = model_inputs(batch, packed)
-    return response_stats(inputs.run(model), batch, inputs)
+    output = inputs.run(model)
+    if after_forward is not None:
+        after_forward(output)
+    return response_stats(output, batch, inputs)
 
 
 # The loss of micro-batch i from its log-probs and entropy; its backward runs inside run_micro_batches.
 MicroBatchLoss = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+# Called on every pipeline stage with micro-batch i's index and this stage's output, right after its forward.
+StageForwardHook = Callable[[int, torch.Tensor], None]
 
 
-def run_micro_batches(model, parts: list[ResponseBatch], packed: bool,
-                      loss_fn: MicroBatchLoss | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def run_micro_batches(model, parts: list[ResponseBatch], packed: bool, loss_fn: MicroBatchLoss | None = None,
+                      after_forward: StageForwardHook | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Forward (and, with `loss_fn`, backward) over micro-batches; every rank gets each part's (log-probs, entropy).
 
     One pipeline stage: part by part, each backward right after its forward. Several stages:
@@ -295,10 +302,11 @@ def run_micro_batches(model, parts: list[ResponseBatch], packed: bool,
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         from services.trainer.modeling.pipeline import pipelined_micro_batches
 
-        return pipelined_micro_batches(model, parts, [model_inputs(p, packed) for p in parts], response_stats, loss_fn)
+        return pipelined_micro_batches(model, parts, [model_inputs(p, packed) for p in parts], response_stats, loss_fn,
+                                       after_forward)
     results = []
     for i, part in enumerate(parts):
-        logp, entropy = forward_micro_batch(model, part, packed)
+        logp, entropy = forward_micro_batch(model, part, packed, None if after_forward is None else partial(after_forward, i))
         if loss_fn is not None:
             loss_fn(i, logp, entropy).backward()
         results.append((logp.detach(), entropy.detach()))

@@ -114,9 +114,6 @@ class ModelLayout:
             raise ValueError(f"megatron_training.ulysses_degree_in_cp: {ulysses} does not divide the {self.num_attention_heads // tp} "
                              f"attention heads of a tensor-parallel rank (num_attention_heads {self.num_attention_heads} / TP {tp}); "
                              "hybrid_cp_algo splits them over each group of that many CP ranks")
-        if self.is_moe and pp > 1:
-            # megatron's 1F1B schedule rescales the router's load-balancing loss by its own micro-batch count, not by our loss weights.
-            raise ValueError("megatron_training.pipeline_model_parallel_size: pipeline parallel with a mixture-of-experts model is not built yet (use 1)")
         if ep > 1 and not self.is_moe:
             raise ValueError(f"megatron_training.expert_model_parallel_size: {ep} needs a mixture-of-experts model ({self.architecture} has no experts)")
         if self.is_moe and self.num_experts % ep:

@@ -3,9 +3,12 @@
 megatron-core adds each MoE layer's auxiliary loss to the gradient inside the backward pass
 (`MoEAuxLossAutoScaler`), scaled by one global factor, and sums its value per layer in
 `get_moe_layer_wise_logging_tracker()`. The update sets that factor to each micro-batch's weight
-before its backward, so the load-balancing gradient is the mini-batch's token-weighted mean like
-the policy loss's (and the same over any data- or expert-parallel split), and reads the value
-after each forward for the `moe_aux_loss` metric.
+when its backward reaches a stage's output, before any of the stage's MoE layers, so the
+load-balancing gradient is the mini-batch's token-weighted mean like the policy loss's (and the same
+over any data-, expert- or pipeline-parallel split), and reads the value after each forward for the
+`moe_aux_loss` metric. Under a pipeline schedule a factor set before the backward's start would not
+do: megatron's 1F1B runs micro-batch i's backward after later micro-batches' forwards, and sets its
+own uniform factor after every forward.
 """
 from __future__ import annotations
 
@@ -21,6 +24,24 @@ def set_weight(weight: float) -> None:
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
     MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(float(weight), device=compute_device()))
+
+
+def weigh_backward(output: torch.Tensor, weight: float) -> None:
+    """Makes `weight` the load-balancing gradient's factor from the moment the backward pass reaches `output` (a
+    pipeline stage's output, or the model's): every MoE layer of that stage runs its backward after it."""
+    if output.requires_grad:
+        output.register_hook(lambda grad: set_weight(weight))
+
+
+def sum_over_stages(value: torch.Tensor) -> torch.Tensor:
+    """Sums `value` (CPU), each stage's share of the load-balancing loss from its own layers, over the pipeline stages."""
+    from megatron.core import parallel_state
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        on_device = value.to(compute_device())
+        torch.distributed.all_reduce(on_device, group=parallel_state.get_pipeline_model_parallel_group())
+        value.copy_(on_device.cpu())
+    return value
 
 
 def take(coeff: float) -> float:

@@ -28,11 +28,13 @@ from services.trainer.modeling.logprobs import ModelInputs, packed_params, padde
 from services.trainer.modeling.model import compute_device, model_chunks
 
 
-def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, loss_fn: Callable | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, loss_fn: Callable | None,
+                            after_forward: Callable | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Runs `parts` (ResponseBatch) with their ModelInputs through this rank's stage (its chunks, under a virtual pipeline).
 
     `stats(logits, part, inputs)` gives (log-probs, entropy) on the last stage and `loss_fn(i, logp,
-    entropy)` the loss to backpropagate (None: forward only). Returns each part's (log-probs,
+    entropy)` the loss to backpropagate (None: forward only); `after_forward(i, output)`, if given, sees
+    each chunk's output on every stage right after its forward. Returns each part's (log-probs,
     entropy), detached, on every stage.
     """
     from megatron.core import parallel_state
@@ -48,6 +50,8 @@ def pipelined_micro_batches(model, parts: list, inputs: list, stats: Callable, l
     def forward_step(data_iterator, stage_model):
         i = next(data_iterator)
         output = inputs[i].run(stage_model)
+        if after_forward is not None:
+            after_forward(i, output)
 
         def loss_func(logits: torch.Tensor):
             logp, entropy = stats(logits, parts[i], inputs[i])
@@ -82,6 +86,8 @@ def _same_shape(inputs: list[ModelInputs], count: int, pp: int) -> list[ModelInp
                          "(make rl_config.mini_batch_size / (micro_batch_size x data-parallel size) a multiple of it)")
     if any(inp.cp_index is not None for inp in inputs):
         raise ValueError("megatron_training.virtual_pipeline_model_parallel_size: not built with context_parallel_size > 1")
+    if any(inp.routing is not None for inp in inputs):
+        raise ValueError("megatron_training.virtual_pipeline_model_parallel_size: not built with rl_config.routing_replay")
     width = max(inp.hidden_shape[0] for inp in inputs)
     rows = max(inp.hidden_shape[1] for inp in inputs)
     return [_padded(inp, width, rows) if inp.packed_seq_params is None else _packed(inp, width) for inp in inputs]

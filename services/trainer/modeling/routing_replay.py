@@ -14,11 +14,13 @@ import contextlib
 import torch
 
 
-def moe_replays(model) -> list:
-    """The `RouterReplay` of each MoE layer of `model` (megatron, maybe DDP-wrapped), in layer order."""
+def moe_replays(model) -> list[tuple[int, object]]:
+    """(layer index in the whole model, `RouterReplay`) of each MoE layer of `model` (megatron, maybe DDP-wrapped; under
+    pipeline parallel this stage's layers), in layer order."""
     from megatron.core.transformer.moe.router import TopKRouter
 
-    return [m.router_replay for m in model.modules() if isinstance(m, TopKRouter) and m.router_replay is not None]
+    return [(m.layer_number - 1, m.router_replay) for m in model.modules()
+            if isinstance(m, TopKRouter) and m.router_replay is not None]
 
 
 @contextlib.contextmanager
@@ -27,15 +29,17 @@ def replaying(model, routing: torch.Tensor):
     from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
     replays = moe_replays(model)
-    if len(replays) != routing.size(1):
-        raise ValueError(f"rl_config.routing_replay: the routing has {routing.size(1)} MoE layers, the model {len(replays)}")
+    if not replays:
+        raise ValueError("rl_config.routing_replay: the model's routers were built without replay (build_model(routing_replay=True))")
+    if replays[-1][0] >= routing.size(1):
+        raise ValueError(f"rl_config.routing_replay: the routing has {routing.size(1)} MoE layers, the model at least {replays[-1][0] + 1}")
     try:
-        for layer, replay in enumerate(replays):
+        for layer, replay in replays:
             replay.set_target_indices(routing[:, layer].long())
             replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
         yield
     finally:
-        for replay in replays:
+        for _, replay in replays:
             replay.clear_router_replay_action()
             replay.clear_indices()
 
