@@ -109,8 +109,11 @@ class CollectiveSender:
             ranks = stub.GetInfo(rollout_pb2.GetInfoRequest(), timeout=self.stall_s).weight_group_ranks
             listen = socket.create_server((self.host, 0))
             port, world = listen.getsockname()[1], 1 + ranks
+            # The replica's operations may wait twice the stall limit: after it answers OpenWeightTransfer its first
+            # bucket waits while we wait (up to stall_s) for the other replicas' answers, then up to stall_s itself.
+            # With one limit a stopped replica made a running one time out too, whichever side's clock ran out first.
             joined = stub.JoinWeightGroup.future(rollout_pb2.JoinWeightGroupRequest(
-                master_address=self.host, master_port=port, world_size=world, timeout_s=self.stall_s),
+                master_address=self.host, master_port=port, world_size=world, timeout_s=2 * self.stall_s),
                 timeout=self.stall_s, metadata=bearer_metadata(self.token) or None)
             ours = _OurEnd(self.host, listen, world, self.stall_s)
             # the replica's answer first: after a refused join (a wrong token) our end waits for ranks that never come
