@@ -65,7 +65,7 @@ def test_health_reports_serving(stub):
 
 def test_list_verifiers(stub):
     infos = {v.name: v for v in stub[0].ListVerifiers(reward_pb2.ListVerifiersRequest()).verifiers}
-    assert set(infos) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "acc_for_dapo", "acc_for_ppo",
+    assert set(infos) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "math_verify_reward", "acc_for_dapo", "acc_for_ppo",
                           "step"}
     assert infos["acc"].timeout_score == -0.5 and "boxed" in infos["acc"].description
 
