@@ -27,12 +27,19 @@ def my_rows(rows: torch.Tensor) -> torch.Tensor:
     return rows.tensor_split(size)[rank] if size > 1 else rows
 
 
+def sum_over(values: torch.Tensor, group) -> torch.Tensor:
+    """Sums the CPU tensor `values` over process `group`, in place, through the compute device (NCCL and HCCL
+    reduce device tensors only); returns it."""
+    on_device = values.to(compute_device())
+    torch.distributed.all_reduce(on_device, group=group)
+    values.copy_(on_device.cpu())
+    return values
+
+
 def sum_over_data_parallel(values: torch.Tensor) -> torch.Tensor:
     """Sums the CPU tensor `values` over the data-parallel group, in place; returns it."""
     from megatron.core import parallel_state
 
     if data_parallel_rank_size()[1] > 1:
-        on_device = values.to(compute_device())
-        torch.distributed.all_reduce(on_device, group=parallel_state.get_data_parallel_group())
-        values.copy_(on_device.cpu())
+        sum_over(values, parallel_state.get_data_parallel_group())
     return values

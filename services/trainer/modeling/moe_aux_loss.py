@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from services.trainer.modeling.data_parallel import sum_over
 from services.trainer.modeling.model import compute_device
 
 TRACKER_NAME = "load_balancing_loss"  # the name megatron's router logs the aux_loss type under
@@ -38,9 +39,7 @@ def sum_over_stages(value: torch.Tensor) -> torch.Tensor:
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        on_device = value.to(compute_device())
-        torch.distributed.all_reduce(on_device, group=parallel_state.get_pipeline_model_parallel_group())
-        value.copy_(on_device.cpu())
+        sum_over(value, parallel_state.get_pipeline_model_parallel_group())
     return value
 
 
