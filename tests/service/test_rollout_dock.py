@@ -115,9 +115,15 @@ def test_sigterm_returns_unfinished_claims_and_deregisters(servers, tmp_path):
         dock.destroy()
 
 
-def metric(replica, name: str) -> float:
-    """One unlabelled series of the replica's /metrics (0 before it is first counted)."""
-    found = re.search(rf"^{name} (\S+)$", httpx.get(f"{replica.http_base}/metrics", timeout=10).text, re.M)
+def metric(http: httpx.Client, replica, name: str) -> float:
+    """One unlabelled series of the replica's /metrics (0 before it is first counted).
+
+    `http` is one client for the whole test: `httpx.get` builds a client, and with it an SSL context
+    (OpenSSL parsing the CA bundle, about 50 ms of CPU), on every call. While the replica's engine
+    processes spin on both cores, that took this test's process 3-8 s per poll, and the rows it
+    waited to see generating had finished by then.
+    """
+    found = re.search(rf"^{name} (\S+)$", http.get(f"{replica.http_base}/metrics").text, re.M)
     return float(found.group(1)) if found else 0.0
 
 
@@ -145,6 +151,7 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
     dock.create(DockLayout.from_config(cfg))
     replica = spawn_replica(model, tmp_path, "interrupt", OVERRIDES + overrides, "tiny", {"OMP_NUM_THREADS": "1"},
                             extra_args=("--dock", REDIS_URL)).wait()
+    http = httpx.Client(timeout=10)
     try:
         groups = dock.begin_iteration(2)[:3]  # a target of 2 complete groups; 3 prompts in the pool
         rows = dock.rows_of(groups)
@@ -153,7 +160,7 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
         held = sorted(set(rows) - set(other.indexes))
         assert len(held) == n, other.indexes  # one group left: the replica's claim
         deadline = time.monotonic() + 60
-        while metric(replica, "dockrl_rollout_generated_tokens_total") < 8:  # the replica's rows are generating
+        while metric(http, replica, "dockrl_rollout_generated_tokens_total") < 8:  # the replica's rows are generating
             assert time.monotonic() < deadline, "the replica never generated"
             time.sleep(0.01)
         done = len(other)
@@ -174,7 +181,7 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
         lengths = [len(r) for r in cut["responses"]]
         assert all(0 < k < max_tokens // split for k in lengths), f"not stopped mid-budget: {lengths}"
         assert all(len(v) == k and set(int(x) for x in v) == {0} for v, k in zip(cut["versions"], lengths))
-        assert metric(replica, "dockrl_rollout_rows_interrupted_total") == 2
+        assert metric(http, replica, "dockrl_rollout_rows_interrupted_total") == 2
 
         # Next iteration (the trainer took and trained the complete groups): a target of 1 with a fresh prompt
         # beside the interrupted group. The older group is resumed and finished; the fresh one is not started.
@@ -195,5 +202,6 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
             assert response[:k] == [int(t) for t in cut["responses"][i]], "the resumed response does not continue the cut one"
         assert got["responses"][2] is None and got["responses"][3] is None, "a fresh prompt was started before the older group"
     finally:
+        http.close()
         replica.stop()
         dock.destroy()
