@@ -8,12 +8,17 @@ iteration, rollout + reward (the trainer waits on the dock for scored groups), t
 advantages, update) and weight sync (push to the replica), and the whole. The first
 iterations (--skip) are left out (first use of every kernel and code path).
 
-The reference: the same GRPO iterations in one process, as a person would write them without
-dockrl: transformers' `generate` (sampling as the config's sampling_config, n samples per prompt),
-the same rule verifiers called in-process, and bench_trainer_step.py's plain PyTorch update
-(same loss, clipping and AdamW), on the same model, data, batch and learning rate. It runs after
-the `dockrl up` run, alone, with the same torch threads the trainer picks; the ratio of median
-iteration times, dockrl / reference, is issue 24's (goal <= 1.5, synchronous).
+The references: the same GRPO iterations in one process, as a person would write them without
+dockrl: generation (sampling as the config's sampling_config, n samples per prompt), the same
+rule verifiers called in-process, and bench_trainer_step.py's plain PyTorch update (same loss,
+clipping and AdamW), on the same model, data, batch and learning rate. Two generators, each its
+own loop (`--reference`): transformers' `generate` on the trained model itself, and vLLM's
+offline `LLM` with the rollout replica's engine flags, the trained weights copied into it after
+each update. They run after the `dockrl up` run, one after the other, alone, with the torch
+threads the trainer picks; the ratio of median iteration times, dockrl / reference, is issue
+24's (goal <= 1.5, synchronous). The vLLM loop has the same engine as dockrl's replica, so its
+ratio is the cost of running the parts as services; the HF loop's adds vLLM's per-step cost on a
+model whose forward is a fraction of a millisecond.
 
 The dock's share: the same iteration's dock traffic (bench/bench_dock.py: prompts in, rollout
 claims and puts, reward claims and puts, trainer claims and acks, at the run's GBS*n, prompt and
@@ -39,6 +44,7 @@ from common import REPO, interleaved, machine_line, median, parser, private_redi
 
 DOCK_GOAL = 0.02
 REFERENCE_GOAL = 1.5
+REFERENCES = {"hf": "HF generate", "vllm": "vLLM offline generate"}
 STAGES = (("rollout + reward (trainer waits)", "timing/rollout_and_reward_s"), ("train", "timing/train_s"),
           ("weight sync", "timing/weight_sync_s"))
 
@@ -62,8 +68,88 @@ def run_up(work, iters: int, overrides: list[str] = ()) -> list[dict]:
     return [r for r in records if "timing/iteration_s" in r]
 
 
-def reference_loop(cfg, iters: int) -> list[dict[str, float]]:
-    """The same GRPO iterations in one process (see the module docstring); seconds per part of each iteration."""
+class HFGenerate:
+    """transformers' `generate` on the update's own model: nothing to copy after an update."""
+
+    label = "HF generate"
+
+    def __init__(self, cfg, step, tokenizer):
+        self.cfg, self.model, self.tokenizer = cfg, step.model, tokenizer
+        self.stop_ids = set(np.atleast_1d(step.model.generation_config.eos_token_id).tolist())
+
+    def __call__(self, prompts) -> list[list[int]]:
+        """n responses per prompt, prompt-major."""
+        import torch
+
+        sampling, n = self.cfg.generate_config.sampling_config, self.cfg.rl_config.n_samples_per_prompt
+        inputs = self.tokenizer.pad({"input_ids": [p.prompt_ids for p in prompts]}, return_tensors="pt")
+        self.model.eval()
+        with torch.no_grad():
+            out = self.model.generate(**inputs, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                      top_k=max(sampling.top_k, 0), max_new_tokens=sampling.max_tokens,
+                                      num_return_sequences=n, pad_token_id=self.tokenizer.pad_token_id)
+        self.model.train()
+        responses = []
+        for tokens in out[:, inputs["input_ids"].size(1):].tolist():
+            # a response ends with its first stop token (the model's generation_config lists them), as vLLM's do
+            ends = [k for k, t in enumerate(tokens) if t in self.stop_ids]
+            responses.append(tokens[: ends[0] + 1] if ends else tokens)
+        return responses
+
+    def load(self, model) -> None:
+        """Nothing to do: generation runs on the trained model itself."""
+
+
+class VLLMGenerate:
+    """vLLM's offline `LLM` with the rollout replica's engine flags (services.rollout.engine.serve_args), in this
+    process; after each update the weights go in as one bucket through `collective_rpc` (the replica's worker
+    extension), which is what a single-process vLLM loop on the CPU platform must do: vLLM's CPU worker runs in a
+    process of its own."""
+
+    label = "vLLM offline generate"
+
+    def __init__(self, cfg):
+        import os
+
+        from vllm import LLM
+        from vllm.engine.arg_utils import EngineArgs
+
+        from services.rollout.engine import serve_args
+
+        gen = cfg.generate_config
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(gen.cpu_kvcache_space_gb))
+        if cfg.rollout.omp_threads_bind != "auto":
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.rollout.omp_threads_bind)
+        model = str(cfg.megatron_training.load)
+        self.llm = LLM.from_engine_args(EngineArgs.from_cli_args(serve_args(model, cfg, "reference")))
+        self.cfg = cfg
+
+    def __call__(self, prompts) -> list[list[int]]:
+        """n responses per prompt, prompt-major, sampled as sampling_config says."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sampling = self.cfg.generate_config.sampling_config
+        params = SamplingParams(n=self.cfg.rl_config.n_samples_per_prompt, temperature=sampling.temperature,
+                                top_p=sampling.top_p, top_k=sampling.top_k, max_tokens=sampling.max_tokens, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p.prompt_ids)) for p in prompts], params,
+                                    use_tqdm=False)
+        return [list(c.token_ids) for out in outputs for c in sorted(out.outputs, key=lambda c: c.index)]
+
+    def load(self, model) -> None:
+        """Copies the trained weights into the engine (one bucket; the tiny model is 1.8 MB)."""
+        from services.common.weight_wire import pack_bucket
+
+        params = dict(model.named_parameters())
+        bucket = pack_bucket(params, list(params))
+        self.llm.collective_rpc("stage_bucket", args=(bucket.data, [(s.name, s.dtype, list(s.shape), s.offset, s.nbytes)
+                                                                     for s in bucket.tensors]))
+        self.llm.collective_rpc("commit_staged")
+
+
+def reference_loop(cfg, iters: int, engine: str) -> list[dict[str, float]]:
+    """The same GRPO iterations in one process (see the module docstring), generating with `engine` ("hf" or
+    "vllm"); seconds per part of each iteration."""
     import torch
     from transformers import AutoTokenizer
 
@@ -74,11 +160,11 @@ def reference_loop(cfg, iters: int) -> list[dict[str, float]]:
     from services.trainer.loop.iteration_data import ScoredBatch
     from services.trainer.loop.prompt_stream import PromptStream
 
-    mt, rl, sampling = cfg.megatron_training, cfg.rl_config, cfg.generate_config.sampling_config
+    mt, rl = cfg.megatron_training, cfg.rl_config
     tokenizer = AutoTokenizer.from_pretrained(mt.tokenizer_name_or_path)
     tokenizer.padding_side = "left"  # generation continues every prompt from its last token
     step = PlainStep(mt.load, cfg)
-    stop_ids = set(np.atleast_1d(step.model.generation_config.eos_token_id).tolist())
+    generate = HFGenerate(cfg, step, tokenizer) if engine == "hf" else VLLMGenerate(cfg)
     plan, runner = ScoringPlan.from_rl_config(rl), InProcessRunner()
     stream = PromptStream(load_prompts(mt.data_path), mt.seed, shuffle=not rl.guarantee_order)
     torch.manual_seed(mt.seed)
@@ -86,19 +172,10 @@ def reference_loop(cfg, iters: int) -> list[dict[str, float]]:
     for i in range(iters):
         start = time.perf_counter()
         prompts = stream.take(mt.global_batch_size)
-        inputs = tokenizer.pad({"input_ids": [p.prompt_ids for p in prompts]}, return_tensors="pt")
-        step.model.eval()
-        with torch.no_grad():
-            out = step.model.generate(**inputs, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                                      top_k=max(sampling.top_k, 0), max_new_tokens=sampling.max_tokens,
-                                      num_return_sequences=rl.n_samples_per_prompt, pad_token_id=tokenizer.pad_token_id)
-        step.model.train()
+        responses = generate(prompts)
         generated = time.perf_counter()
         batch = ScoredBatch.empty()
-        for row, tokens in enumerate(out[:, inputs["input_ids"].size(1):].tolist()):
-            # a response ends with its first stop token (the model's generation_config lists them), as vLLM's do
-            ends = [k for k, t in enumerate(tokens) if t in stop_ids]
-            response = tokens[: ends[0] + 1] if ends else tokens
+        for row, response in enumerate(responses):
             batch.indexes.append(row)
             batch.prompts.append(prompts[row // rl.n_samples_per_prompt].prompt_ids)
             batch.responses.append(response)
@@ -108,10 +185,12 @@ def reference_loop(cfg, iters: int) -> list[dict[str, float]]:
         batch.scores.extend(s.total for s in scored)
         rewarded = time.perf_counter()
         step(batch)
+        updated = time.perf_counter()
+        generate.load(step.model)
         end = time.perf_counter()
-        records.append({"generate": generated - start, "reward": rewarded - generated, "update": end - rewarded,
-                        "iteration": end - start})
-        progress(f"reference iteration {i + 1}/{iters}: {end - start:.3f} s")
+        records.append({"generate": generated - start, "reward": rewarded - generated, "update": updated - rewarded,
+                        "weight sync": end - updated, "iteration": end - start})
+        progress(f"reference ({generate.label}) iteration {i + 1}/{iters}: {end - start:.3f} s")
     return records
 
 
@@ -121,6 +200,10 @@ def main() -> int:
     p.add_argument("--skip", type=int, default=None, help="first iterations left out of the medians (default 2; --quick 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="one more config override for the dockrl up run, e.g. rollout.omp_threads_bind='0' (repeatable)")
+    p.add_argument("--reference", nargs="+", choices=sorted(REFERENCES), default=["hf", "vllm"],
+                   help="the single-process loops to compare with, one after the other: hf (transformers' generate "
+                        "on the trained model) and vllm (vLLM's offline LLM, weights copied in after each update); "
+                        "default both")
     args = p.parse_args()
     iters = args.iters or (3 if args.quick else 14)
     args.skip = args.skip if args.skip is not None else (1 if args.quick else 2)
@@ -166,12 +249,15 @@ def main() -> int:
     from services.trainer.modeling.model import cpu_threads
 
     torch.set_num_threads(cpu_threads())
-    progress(f"single-process reference: {iters} iterations, {torch.get_num_threads()} torch threads")
-    reference = reference_loop(cfg, iters)[args.skip:]
-    ref_iteration = median([r["iteration"] for r in reference])
-    print(f"single-process reference: median iteration {ref_iteration:.3f} s (" +
-          ", ".join(f"{part} {median([r[part] for r in reference]):.3f} s" for part in ("generate", "reward", "update")) + ")")
-    ratio("dockrl / single-process reference iteration time", iteration / ref_iteration, at_most=REFERENCE_GOAL)
+    for engine in args.reference:
+        progress(f"single-process reference ({engine}): {iters} iterations, {torch.get_num_threads()} torch threads")
+        reference = reference_loop(cfg, iters, engine)[args.skip:]
+        ref_iteration = median([r["iteration"] for r in reference])
+        print(f"single-process reference, {REFERENCES[engine]}: median iteration {ref_iteration:.3f} s (" +
+              ", ".join(f"{part} {median([r[part] for r in reference]):.3f} s"
+                        for part in ("generate", "reward", "update", "weight sync")) + ")")
+        ratio(f"dockrl / single-process reference ({REFERENCES[engine]}) iteration time", iteration / ref_iteration,
+              at_most=REFERENCE_GOAL)
     return 0
 
 

@@ -32,7 +32,8 @@ EXPECTED = {
     "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
     "bench_reward.py": ["reward service / in-process verifiers samples/s"],
     "bench_e2e.py": ["trainer waiting on rollout / iteration time", "dock time / iteration time",
-                     "dockrl / single-process reference iteration time"],
+                     *(f"dockrl / single-process reference ({engine}) iteration time"
+                       for engine in ("HF generate", "vLLM offline generate"))],
     "bench_trainer_step.py": ["dockrl / plain train step time"],
     "bench_trainer.py": ["optimizer state per rank distributed / replicated at DP 2", "weight gather peak / model size",
                          "weight gather peak / bucket size", "trained tokens/s DP 2 / DP 1"],
