@@ -189,7 +189,7 @@ class RolloutServiceConfig:
     max_queue: PositiveInt = 256  # requests waiting or running; past it 429 / RESOURCE_EXHAUSTED
     served_model_name: str = ""  # default: the model directory's name
     heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
-    omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU
+    omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU (auto: distinct cores per replica, one each left for its scheduler)
     drain_s: PositiveFloat = 30.0  # on SIGTERM: seconds to finish or return held work and stop the engine, in all
 
 

@@ -1,6 +1,6 @@
 """`dockrl up`'s process plan: which ports each server is told and where it reports the ones it bound."""
 from services.common.config import DEFAULT_CONFIG, load_config
-from services.launch.plan import plan_processes
+from services.launch.plan import engine_core_binds, plan_processes
 
 
 def _flag(argv: tuple[str, ...], flag: str) -> str:
@@ -49,3 +49,22 @@ def test_behind_sentinels_the_rollout_replicas_reach_the_dock_the_config_names(t
     cfg = load_config(str(DEFAULT_CONFIG), ["dock.redis_sentinels=[127.0.0.1:26379]", "dock.redis_sentinel_master=dockrl"])
     specs = plan_processes(cfg, tmp_path / "config.yaml", "", tmp_path / "ready")
     assert _flag(specs[0].argv, "--dock") == "config"  # the rollout server then asks the sentinels (Dock.from_config)
+
+
+def test_engine_threads_leave_a_core_per_replica_for_its_scheduler_and_api_when_there_are_enough():
+    # vLLM's own auto binding leaves one core per engine for its scheduler; with every core taken by
+    # the engine's threads the tiny run's rollout was 1.5x slower on 2 cores (docs/benchmarks.md).
+    assert engine_core_binds(1, [0, 1]) == ["0"]
+    assert engine_core_binds(2, [0, 1]) == ["0", "1"]  # too few to leave any: one each, apart
+    assert engine_core_binds(2, [0, 1, 2, 3, 4, 5, 6, 7]) == ["0,1,2", "3,4,5"]
+    assert engine_core_binds(1, [4, 5, 6, 7]) == ["4,5,6"]
+    assert engine_core_binds(1, [3]) == ["3"]
+
+
+def test_dockrl_up_binds_each_replica_to_its_cores_unless_the_config_names_them(tmp_path):
+    cores = engine_core_binds(2)
+    specs = plan_processes(load_config(str(DEFAULT_CONFIG), ["rollout.replicas=2"]), tmp_path / "c.yaml", "", tmp_path / "ready")
+    assert [s.env["VLLM_CPU_OMP_THREADS_BIND"] for s in specs[:2]] == cores
+    specs = plan_processes(load_config(str(DEFAULT_CONFIG), ["rollout.omp_threads_bind=nobind"]), tmp_path / "c.yaml", "",
+                           tmp_path / "ready")
+    assert specs[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
