@@ -270,13 +270,19 @@ class DockWorker:
         seed = sample_seed(self.seed, prompt, index % self.dock.layout.n_samples_per_prompt, self.engine.version,
                            len(sample.token_ids))
         overrides = SamplingOverrides(max_tokens=budget, n=1, logprobs=0, seed=seed)
+        # Synchronous, whole responses: nothing reads a row before it ends, and the trainer pushes only between
+        # iterations, so the row comes as one output instead of a delta per token (the replica's API process then
+        # handles 128 outputs per claim, not 128 per engine step: the tiny run's rollout about 30 ms shorter,
+        # docs/benchmarks.md). Each token's version is then the one at the end, which the check below guards.
+        final_only = not self.dock.layout.partial_rollout and self.cfg.rl_config.max_staleness == 0
         record = self.engine.routing_shape != (0, 0)
         request_id = RECORD_PREFIX + uuid.uuid4().hex if record else ""  # the prefix asks the worker to record its routing
         while True:
             if running.interrupted:  # the target was reached before this row began: back as it was
                 return RowResult(index, sample, finished=False)
             try:
-                stream = self.engine.open(prompt + sample.token_ids, overrides, request_id=request_id, detokenize=False)
+                stream = self.engine.open(prompt + sample.token_ids, overrides, request_id=request_id, detokenize=False,
+                                          final_only=final_only)
                 break
             except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
                 await asyncio.sleep(QUEUE_RETRY_S)
@@ -286,7 +292,7 @@ class DockWorker:
                 log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
                 sample.finish_reason = FinishReason.FAILED.value
                 return RowResult(index, sample, finished=True)
-        prior = len(sample.token_ids)
+        prior, version = len(sample.token_ids), self.engine.version
         running.requests[index] = stream.request_id
         try:
             async for delta in stream.deltas():
@@ -296,4 +302,6 @@ class DockWorker:
             # taken whether the row finished or not, so the worker keeps no record of a request that has ended
             routed = await self.engine.take_routed_experts(stream.request_id) if record else None
         finished = sample.finish_reason == FinishReason.STOP.value or len(sample.token_ids) >= self.max_tokens
+        if final_only and self.engine.version != version:  # weights changed mid-row (a late push): which token came
+            finished = False                                # from which version is unknown, so the group goes back
         return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior, routed_experts=routed)

@@ -284,8 +284,11 @@ class RolloutEngine:
         overrides: SamplingOverrides,
         request_id: str = "",
         detokenize: bool = True,
+        final_only: bool = False,
     ) -> GenerationStream:
-        """Validates and admits one request; raises InvalidArgument or ResourceExhausted."""
+        """Validates and admits one request; raises InvalidArgument or ResourceExhausted.
+
+        With `final_only` the stream yields each completion once, whole, when it ends (an Abort: nothing of it)."""
         prompt_ids = [int(t) for t in prompt_ids]
         vocab = self.llm.model_config.get_vocab_size()
         bad = [t for t in prompt_ids if not 0 <= t < vocab]
@@ -300,7 +303,7 @@ class RolloutEngine:
             detokenize=detokenize or self.cfg.generate_config.sampling_config.detokenize,
         )
         try:
-            params = sampling.to_vllm()
+            params = sampling.to_vllm(final_only)
         except ValueError as exc:  # vLLM's own checks, for what `resolve` does not cover
             raise InvalidArgument("sampling", str(exc)) from exc
         if self.stopped:

@@ -54,8 +54,8 @@ class ResolvedSampling:
     ignore_eos: bool
     detokenize: bool
 
-    def to_vllm(self):
-        """The vLLM SamplingParams streaming per-token deltas."""
+    def to_vllm(self, final_only: bool = False):
+        """The vLLM SamplingParams streaming per-token deltas, or with `final_only` one output when the request ends."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -72,7 +72,7 @@ class ResolvedSampling:
             seed=self.seed,
             ignore_eos=self.ignore_eos,
             detokenize=self.detokenize,
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.FINAL_ONLY if final_only else RequestOutputKind.DELTA,
         )
 
 

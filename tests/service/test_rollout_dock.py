@@ -202,6 +202,59 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
             assert response[:k] == [int(t) for t in cut["responses"][i]], "the resumed response does not continue the cut one"
         assert got["responses"][2] is None and got["responses"][3] is None, "a fresh prompt was started before the older group"
     finally:
-        http.close()
+        replica.stop()
+        dock.destroy()
+
+
+def test_a_synchronous_row_that_a_push_overtakes_goes_back_and_comes_again_under_the_new_version(tmp_path):
+    """Synchronous whole-response rows come from vLLM as one output each (no per-token deltas), so a row's
+    tokens cannot be told apart by version; a push that lands while rows run (a replica that lagged, caught up
+    by the trainer) sends their groups back, and they are generated again under the new weights: every token
+    of a row comes from the version it is labelled with."""
+    import torch
+    from safetensors.torch import load_file
+
+    from push_chunks import weight_chunks
+    from rollout_harness import greedy_request
+    from services.common.auth import bearer_metadata
+
+    run, max_tokens = f"{DOCK_RUN}-overtaken", 600
+    model = build_tiny_model(tmp_path / "model", InitModelConfig(hidden_size=256, num_layers=4, num_attention_heads=4,
+                                                                 intermediate_size=768, max_position_embeddings=2048))
+    overrides = (f"dock.prefix={DOCK_PREFIX}", f"dock.run_id={run}", "rollout.heartbeat_ttl_s=3",
+                 "rl_config.n_samples_per_prompt=2", f"rl_config.rollout_max_tokens={max_tokens}",
+                 f"generate_config.sampling_config.max_tokens={max_tokens}", "generate_config.max_model_len=700",
+                 "generate_config.sampling_config.temperature=0.0")
+    cfg = load_config(None, OVERRIDES + overrides)
+    dock = Dock(redis.Redis.from_url(REDIS_URL), DOCK_PREFIX, run, TOKEN)
+    dock.create(DockLayout.from_config(cfg))
+    replica = spawn_replica(model, tmp_path, "overtaken", OVERRIDES + overrides, "tiny", {"OMP_NUM_THREADS": "1"},
+                            extra_args=("--dock", REDIS_URL)).wait()
+    try:
+        stub = rollout_stub(replica)
+        before = stub.GetInfo(rollout_pb2.GetInfoRequest()).version
+        rows = dock.rows_of(dock.begin_iteration(2)[:2])
+        prompts = [PROMPTS[i // 2] for i in range(len(rows))]
+        dock.put(rows, {"prompts": [np.asarray(p, np.int32) for p in prompts]})
+        deadline = time.monotonic() + 60
+        while dock.stats().leased.get("actor_rollout", 0) == 0:
+            assert time.monotonic() < deadline, "the replica never claimed"
+            time.sleep(0.01)
+        time.sleep(0.5)  # its rows are generating: 600 tokens of this model take seconds
+        gen = torch.Generator().manual_seed(5)
+        perturbed = {k: t + 0.05 * torch.randn(t.shape, generator=gen) for k, t in load_file(str(model / "model.safetensors")).items()}
+        chunks = weight_chunks(sorted(perturbed.items()), before + 1, 256 * 1024, 64 * 1024, ())
+        assert stub.UpdateWeights(chunks, metadata=bearer_metadata(TOKEN)).version == before + 1
+        while not dock.rollout_done():
+            assert time.monotonic() < deadline + 60, f"the rows were not generated again: {dock.stats()}"
+            time.sleep(0.1)
+        got = dock.read(rows, ["responses", "versions"])
+        for prompt, response, versions in zip(prompts, got["responses"], got["versions"]):
+            now = stub.Generate(greedy_request(prompt, max_tokens)).completions[0]  # the pushed weights' greedy decode
+            assert [int(t) for t in response] == list(now.token_ids)[:len(response)]
+            assert set(int(v) for v in versions) == {before + 1}
+        log = (tmp_path / "overtaken.log").read_text()
+        assert re.search(r"claim done .*released=[1-9]", log), "the push did not overtake a running row"
+    finally:
         replica.stop()
         dock.destroy()
