@@ -117,7 +117,7 @@ class CollectiveReceiver:
         nbytes = sum(n for n, _ in buckets)
         try:
             with dead_engine_is_unavailable():
-                await llm.pause_generation(mode="keep", clear_cache=False)
+                await self.engine.pause_for_weights()
                 await llm.start_weight_update()
                 try:
                     await llm.update_weights(WeightTransferUpdateRequest(update_info={"buckets": buckets}))
