@@ -9,11 +9,15 @@ import httpx
 import numpy as np
 import pytest
 import redis
+import torch
+from safetensors.torch import load_file
 
+from push_chunks import weight_chunks
 from rollout_harness import (
-    DOCK_OVERRIDES, DOCK_PREFIX, DOCK_RUN, OVERRIDES, REDIS_URL, TOKEN, hf_greedy, hf_logprobs, load_hf_model,
-    rollout_stub, shared_servers,
+    DOCK_OVERRIDES, DOCK_PREFIX, DOCK_RUN, OVERRIDES, REDIS_URL, TOKEN, greedy_request, hf_greedy, hf_logprobs,
+    load_hf_model, rollout_stub, shared_servers,
 )
+from services.common.auth import bearer_metadata
 from services.common.config import InitModelConfig, load_config
 from services.common.tiny_model import build_tiny_model
 from services.common.pb import rollout_pb2
@@ -202,6 +206,7 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
             assert response[:k] == [int(t) for t in cut["responses"][i]], "the resumed response does not continue the cut one"
         assert got["responses"][2] is None and got["responses"][3] is None, "a fresh prompt was started before the older group"
     finally:
+        http.close()
         replica.stop()
         dock.destroy()
 
@@ -211,13 +216,6 @@ def test_a_synchronous_row_that_a_push_overtakes_goes_back_and_comes_again_under
     tokens cannot be told apart by version; a push that lands while rows run (a replica that lagged, caught up
     by the trainer) sends their groups back, and they are generated again under the new weights: every token
     of a row comes from the version it is labelled with."""
-    import torch
-    from safetensors.torch import load_file
-
-    from push_chunks import weight_chunks
-    from rollout_harness import greedy_request
-    from services.common.auth import bearer_metadata
-
     run, max_tokens = f"{DOCK_RUN}-overtaken", 600
     model = build_tiny_model(tmp_path / "model", InitModelConfig(hidden_size=256, num_layers=4, num_attention_heads=4,
                                                                  intermediate_size=768, max_position_embeddings=2048))
