@@ -7,10 +7,10 @@ servers, and its time runs until every replica serves the new version: receive, 
 vLLM worker, and the reload with generation paused. Fan-out sends one stream per replica; chain
 sends one stream to the first replica, which forwards each chunk down the chain as it arrives.
 Collective (`services.trainer.weights.collective_push.CollectiveSender`, trainer.weight_transport
-collective) keeps gRPC for the control and broadcasts each bucket over a gloo group per replica,
-received straight into the model; its groups are built in the warm-up and kept, as in a run. Its
-column "peak MB" is the median over pushes of the largest extra resident memory a replica's
-worker reached while receiving.
+collective) keeps gRPC for the control and broadcasts each bucket's tensors over a gloo group per
+replica, with no packing copy, each loaded into the model as it arrives; its groups are built in
+the warm-up and kept, as in a run. Its column "peak MB" is the median over pushes of the largest
+extra resident memory a replica's worker reached while receiving.
 The raw socket sends the model's bytes once, in the same message size, to a reader that discards
 them: the floor any transport over loopback could reach. Every configuration and the raw socket
 run once per repetition, interleaved; the figures are medians.

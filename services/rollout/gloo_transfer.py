@@ -8,17 +8,21 @@ name BACKEND in `--weight-transfer-config`.
 
 One group per replica: the trainer is rank 0, this replica's workers ranks 1..N. A transfer is
 `start_weight_update` (vLLM's layerwise reload: each layer's old tensors move aside), then
-`update_weights` with the transfer's layout: each bucket is broadcast into one flat buffer and
-handed to `model.load_weights` as views, so a layer is loaded and processed (q/k/v and gate/up
-fused, CPU GEMM weights repacked) as soon as all of its parts are in, and a bucket is freed once
-no unfinished layer refers to it. Extra memory is about one bucket plus the layer being processed,
-not a copy of the model.
+`update_weights` with the transfer's layout: each tensor is broadcast on its own, received into a
+tensor of its own shape, and handed to `model.load_weights` as it arrives, so a layer is loaded and
+processed (q/k/v and gate/up fused, CPU GEMM weights repacked) as soon as all of its parts are in.
+The next tensor's receive is posted before the current one loads, so the wire and the load overlap.
+Buckets are the sender's unit (what it gathers and has in flight); a replica never holds one whole.
+Extra memory is about the parts of the layers still loading, the layer being processed and one
+tensor on the wire, not a copy of the model.
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import time
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -30,6 +34,9 @@ from services.common.weight_wire import torch_dtype
 from services.rollout.engine import GLOO_BACKEND as BACKEND
 
 TRAINER_RANK = 0  # the sender in every group
+# Freed received tensors go back to the system after this many bytes (malloc_trim costs a few ms a call):
+# the peak then holds the layers still loading plus up to this much freed memory.
+TRIM_EVERY_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -104,7 +111,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
-        """Receives each bucket from the trainer and loads it into the model."""
+        """Receives each tensor from the trainer and loads it into the model."""
         from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
 
         if self.group is None:
@@ -112,26 +119,44 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         from services.rollout.moe_reload import reloads_routed_experts
 
         baseline = _reset_peak_rss()
-        wait_s = load_s = 0.0
+        start = time.perf_counter()
+        waited = [0.0]
+        arriving = self._arriving(update_info.buckets, waited)
         with disable_mtp_completeness_check():
-            for nbytes, tensors in update_info.buckets:
-                flat = torch.empty(nbytes, dtype=torch.uint8)
+            self.model.load_weights(arriving)
+        for _ in arriving:  # a model that stopped reading early must still take every byte the trainer sends
+            pass
+        # Set only once every tensor is in: a partial push must not be repacked.
+        self.experts_reloaded = reloads_routed_experts(name for _, tensors in update_info.buckets for name, *_ in tensors)
+        load_s = time.perf_counter() - start - waited[0]
+        self.stats = {"peak_extra_bytes": _peak_rss() - baseline, "wait_s": waited[0], "load_s": load_s}
+
+    def _arriving(self, buckets: list[tuple[int, list]], waited: list[float]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yields (name, tensor) in the layout's order as each arrives, the next one's receive already posted;
+        adds the time spent waiting for bytes to waited[0]."""
+        slots = [slot for _, tensors in buckets for slot in tensors]
+        ahead: deque[tuple[str, torch.Tensor, Any]] = deque()  # (name, tensor, its receive or None)
+        posted = untrimmed = 0
+        for _ in range(len(slots)):
+            while posted < len(slots) and len(ahead) < 2:  # the one to load next and the one on the wire behind it
+                name, dtype, shape, _, nbytes = slots[posted]
+                tensor = torch.empty(shape, dtype=torch_dtype(dtype))
+                work = self.group.broadcast(tensor.view(-1).view(torch.uint8), TRAINER_RANK) if nbytes else None  # none sent
+                ahead.append((name, tensor, work))
+                posted += 1
+            name, tensor, work = ahead.popleft()
+            if work is not None:
                 start = time.perf_counter()
-                self.group.broadcast(flat, TRAINER_RANK).wait()
-                received = time.perf_counter()
-                self.model.load_weights(
-                    (name, flat[offset: offset + size].view(torch_dtype(dtype)).view(shape))
-                    for name, dtype, shape, offset, size in tensors
-                )
-                del flat  # the layers still loading hold their own views of it
-                # glibc keeps freed buckets resident and, with several arenas, often allocates the next one
+                work.wait()
+                waited[0] += time.perf_counter() - start
+            yield name, tensor
+            untrimmed += tensor.nbytes
+            del tensor  # the layer still loading holds its own reference until it is processed
+            if untrimmed >= TRIM_EVERY_BYTES:
+                # glibc keeps freed memory resident and, with several arenas, often allocates the next tensors
                 # elsewhere: untrimmed, resident memory grew by about the model's size over a push (measured)
                 _trim_heap()
-                wait_s += received - start
-                load_s += time.perf_counter() - received
-        # Set only once every bucket is in: a partial push must not be repacked.
-        self.experts_reloaded = reloads_routed_experts(name for _, tensors in update_info.buckets for name, *_ in tensors)
-        self.stats = {"peak_extra_bytes": _peak_rss() - baseline, "wait_s": wait_s, "load_s": load_s}
+                untrimmed = 0
 
     def shutdown(self) -> None:
         """Leaves the group, if any."""

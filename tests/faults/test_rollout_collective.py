@@ -182,22 +182,22 @@ def test_a_replica_that_starts_mid_run_joins_at_the_next_push_without_rebuilding
 DYING_SENDER = """
 import os, signal, sys
 from safetensors.torch import load_file
+from services.common.weight_wire import DictBuckets
 from services.trainer.weights import collective_push
 
 path, address, version, token, stall_s, bucket_mb = sys.argv[1:]
-packed = 0
-pack = collective_push._pack
 
-def pack_then_die(tensors, layout):
-    global packed
-    packed += 1
-    if packed == 3:  # the third bucket is packed while bucket 1 is on the wire
-        os.kill(os.getpid(), signal.SIGKILL)
-    return pack(tensors, layout)
 
-collective_push._pack = pack_then_die
+class DieAtTheThirdBucket(DictBuckets):
+    def __iter__(self):
+        for index, bucket in enumerate(super().__iter__()):
+            if index == 2:  # the third bucket is gathered while bucket 1 is on the wire
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield bucket
+
+
 sender = collective_push.CollectiveSender(token, float(stall_s), "127.0.0.1")
-sender.push(load_file(path), [address], int(version), bucket_mb=float(bucket_mb))
+sender.push(DieAtTheThirdBucket(load_file(path), float(bucket_mb)), [address], int(version), bucket_mb=float(bucket_mb))
 """
 
 

@@ -5,8 +5,9 @@ services/rollout/gloo_transfer.py). A push of version v:
   1. join: a replica without a group gets one (JoinWeightGroup, while the trainer opens its end);
   2. open: OpenWeightTransfer sends the layout of every bucket; the replica checks it all and
      waits for the bytes;
-  3. broadcast: each bucket is packed once into a flat buffer and broadcast on every live group
-     (each group's send runs on its own gloo thread; the next bucket is packed meanwhile);
+  3. broadcast: each tensor of a bucket is broadcast on every live group straight from the
+     trainer's memory, with no packing copy (each group's sends run on its own gloo thread; the
+     next bucket is gathered meanwhile); the replica loads each tensor as it arrives;
   4. finish: FinishWeightTransfer answers once the replica serves v.
 
 Why a group per replica, not one for all: a replica that dies or stops mid-broadcast breaks or
@@ -26,7 +27,7 @@ from datetime import timedelta
 
 import torch
 
-from services.common.weight_wire import BucketSource, TensorSlot, as_buckets, bucket_slots, pack_into
+from services.common.weight_wire import BucketSource, TensorSlot, as_buckets, bucket_slots, torch_dtype
 from services.trainer.weights.weight_push import PushResult, describe_rpc_error
 
 TRAINER_RANK = 0
@@ -73,7 +74,7 @@ class CollectiveSender:
         layouts = [bucket_slots(source.specs, names, dtype) for names in source.plan]
         calls = self._open([a for a in addresses if a not in failed], version, layouts)
         buckets = iter(source)
-        first = _pack(next(buckets), layouts[0])  # while the replicas check the layout and pause
+        first = next(buckets)  # gathered while the replicas check the layout and pause
         live = _answered(calls, "OpenWeightTransfer", failed)
         sent = self._broadcast(buckets, layouts, first, live, failed)
         updated, peak = self._finish(live, version, failed)
@@ -138,29 +139,30 @@ class CollectiveSender:
         return {a: self._members[a].stub.OpenWeightTransfer.future(request, timeout=self.stall_s, metadata=metadata) for a in addresses}
 
     def _broadcast(self, buckets: Iterator[dict[str, torch.Tensor]], layouts: list[tuple[tuple[TensorSlot, ...], int]],
-                   first: torch.Tensor, live: list[str], failed: dict[str, str]) -> int:
-        """Sends every bucket (the first already packed, the rest from `buckets`) on every live group; returns the
-        bytes of one copy of the buckets sent. `buckets` is drained even when no replica is left: the other
-        ranks take part in the gather behind it."""
+                   first: dict[str, torch.Tensor], live: list[str], failed: dict[str, str]) -> int:
+        """Sends every bucket's tensors (the first bucket already gathered, the rest from `buckets`) on every live group;
+        returns the bytes of one copy of the buckets sent. `buckets` is drained even when no replica is left: the
+        other ranks take part in the gather behind it."""
         sent = 0
-        nxt = first
-        for index in range(len(layouts)):
+        nxt: dict[str, torch.Tensor] | None = first
+        for index, (slots, nbytes) in enumerate(layouts):
             if not live:
                 for _ in buckets:
                     pass
                 break
-            flat = nxt
-            works = {a: self._members[a].group.broadcast(flat, TRAINER_RANK) for a in live}
-            nxt = _pack(next(buckets), layouts[index + 1]) if index + 1 < len(layouts) else None  # while the bytes are on the wire
-            for address, work in works.items():
+            tensors = [_wire_bytes(nxt[s.name], s) for s in slots if s.nbytes]
+            works = {a: [self._members[a].group.broadcast(t, TRAINER_RANK) for t in tensors] for a in live}
+            nxt = next(buckets) if index + 1 < len(layouts) else None  # gathered while the bytes are on the wire
+            for address, posted in works.items():
                 try:
-                    work.wait(timedelta(seconds=self.stall_s))
+                    for work in posted:
+                        work.wait(timedelta(seconds=self.stall_s))
                 except RuntimeError as exc:  # the peer died (connection reset) or took nothing for stall_s
                     stalled = "timed out" in str(exc)
                     failed[address] = (f"STALLED: bucket {index} made no progress for {self.stall_s:.0f} s (hung or stopped?)"
                                        if stalled else f"broadcast of bucket {index}: {exc}")
                     live.remove(address)
-            sent += flat.numel()
+            sent += nbytes
         return sent
 
     def _finish(self, live: list[str], version: int, failed: dict[str, str]) -> tuple[int, int]:
@@ -222,6 +224,7 @@ def _answered(calls: dict, rpc: str, failed: dict[str, str]) -> list[str]:
     return ok
 
 
-def _pack(tensors: Mapping[str, torch.Tensor], layout: tuple[tuple[TensorSlot, ...], int]) -> torch.Tensor:
-    slots, nbytes = layout
-    return pack_into(tensors, slots, torch.empty(nbytes, dtype=torch.uint8))
+def _wire_bytes(tensor: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
+    """`tensor` as the slot's dtype in CPU memory, viewed as its bytes; a copy only where a cast, a move or a gather is needed."""
+    t = tensor.detach().to(device="cpu", dtype=torch_dtype(slot.dtype)).contiguous()
+    return t.view(-1).view(torch.uint8)
