@@ -27,6 +27,7 @@ EXPECTED = {
         f"push to 2 / push to 1 replica time, fanout, {b} MiB buckets",
         f"push to 2 / push to 1 replica time, chain, {b} MiB buckets",
         f"push to 2 / push to 1 replica time, collective, {b} MiB buckets")],
+    "bench_weight_reload.py": ["raw socket / vLLM reload from memory time (the most a push can reach against the raw socket)"],
     "bench_dock.py": [f"dock / plain pipelines rows/s at GBS*n={rows}{rounds}" for rows in (256, 4096)
                       for rounds in ("", ", 2 admission rounds live")],
     "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
