@@ -16,6 +16,7 @@ fast its transport: bench_weight_sync.py's goal for the collective push is >= 0.
 from __future__ import annotations
 
 import os
+import time
 
 from bench_weight_sync import MESSAGE_BYTES, raw_socket_seconds
 from common import CPU_ENGINE_ENV, build_model, interleaved, machine_line, median, model_size, paired, parser, progress, ratio, work_dir
@@ -35,8 +36,6 @@ def main() -> int:
     if args.quick:
         args.hidden, args.layers = 256, 4
     reps = args.reps or (3 if args.quick else 7)
-
-    import time
 
     from safetensors.torch import load_file
     from vllm import LLM

@@ -21,7 +21,6 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,8 +33,8 @@ from services.common.weight_wire import torch_dtype
 from services.rollout.engine import GLOO_BACKEND as BACKEND
 
 TRAINER_RANK = 0  # the sender in every group
-# Freed received tensors go back to the system after this many bytes (malloc_trim costs a few ms a call):
-# the peak then holds the layers still loading plus up to this much freed memory.
+# The heap is trimmed after every this many bytes received (malloc_trim costs a few ms a call): the peak
+# then holds the layers still loading plus up to this much memory freed since the last trim.
 TRIM_EVERY_BYTES = 16 * 2**20
 
 
@@ -134,17 +133,11 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def _arriving(self, buckets: list[tuple[int, list]], waited: list[float]) -> Iterator[tuple[str, torch.Tensor]]:
         """Yields (name, tensor) in the layout's order as each arrives, the next one's receive already posted;
         adds the time spent waiting for bytes to waited[0]."""
-        slots = [slot for _, tensors in buckets for slot in tensors]
-        ahead: deque[tuple[str, torch.Tensor, Any]] = deque()  # (name, tensor, its receive or None)
-        posted = untrimmed = 0
-        for _ in range(len(slots)):
-            while posted < len(slots) and len(ahead) < 2:  # the one to load next and the one on the wire behind it
-                name, dtype, shape, _, nbytes = slots[posted]
-                tensor = torch.empty(shape, dtype=torch_dtype(dtype))
-                work = self.group.broadcast(tensor.view(-1).view(torch.uint8), TRAINER_RANK) if nbytes else None  # none sent
-                ahead.append((name, tensor, work))
-                posted += 1
-            name, tensor, work = ahead.popleft()
+        receives = map(self._post_receive, (slot for _, tensors in buckets for slot in tensors))  # posted one at a time
+        following = next(receives, None)
+        untrimmed = 0
+        while following is not None:
+            (name, tensor, work), following = following, next(receives, None)  # the next one goes on the wire first
             if work is not None:
                 start = time.perf_counter()
                 work.wait()
@@ -157,6 +150,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
                 # elsewhere: untrimmed, resident memory grew by about the model's size over a push (measured)
                 _trim_heap()
                 untrimmed = 0
+
+    def _post_receive(self, slot: tuple[str, str, list[int], int, int]) -> tuple[str, torch.Tensor, Any]:
+        """(name, a tensor of the slot's shape, its posted receive); no receive for a tensor of no bytes (none is sent)."""
+        name, dtype, shape, _, nbytes = slot
+        tensor = torch.empty(shape, dtype=torch_dtype(dtype))
+        return name, tensor, self.group.broadcast(tensor.view(-1).view(torch.uint8), TRAINER_RANK) if nbytes else None
 
     def shutdown(self) -> None:
         """Leaves the group, if any."""

@@ -225,6 +225,7 @@ def _answered(calls: dict, rpc: str, failed: dict[str, str]) -> list[str]:
 
 
 def _wire_bytes(tensor: torch.Tensor, slot: TensorSlot) -> torch.Tensor:
-    """`tensor` as the slot's dtype in CPU memory, viewed as its bytes; a copy only where a cast, a move or a gather is needed."""
+    """`tensor` as the slot's dtype in CPU memory, viewed as its bytes; a copy only for a cast, a device move or a
+    non-contiguous layout."""
     t = tensor.detach().to(device="cpu", dtype=torch_dtype(slot.dtype)).contiguous()
     return t.view(-1).view(torch.uint8)
