@@ -149,6 +149,14 @@ def fault_log(request):
     return SESSION_LOG
 
 
+def pytest_configure(config):
+    """Before any test starts a process: mark this pytest's environment so that nothing it starts outlives it
+    (tests/reaper.py)."""
+    from tests import reaper
+
+    reaper.start()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Writes the fault table when fault or security tests recorded rows."""
     from tests.fault_log import SESSION_LOG

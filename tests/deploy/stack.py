@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests import reaper
 from tests.conftest import free_port
 from tests.deploy.docker_host import ROOT, DockerHost
 
@@ -30,6 +31,9 @@ class Stack:
         self.env = {**host.env, "DOCKRL_REDIS_PASSWORD": secrets.token_hex(8), "DOCKRL_TOKEN": self.token,
                     "DOCKRL_WHEELS_ONLY": "1", "DOCKRL_HTTP_PORT": str(self.http_port),
                     "DOCKRL_GRPC_PORT": str(self.grpc_port), "DOCKRL_ENV_FILE": self._env_file.name}
+        # containers inherit nothing from this process: if it dies before `down`, its watchdog removes them
+        reaper.on_death(["sh", "-c", "docker ps -aq --filter label=com.docker.compose.project=$0 | xargs -r docker rm -f -v",
+                         project])
 
     def argv(self, *args: str) -> list[str]:
         return ["docker", "compose", "-p", self.project, "-f", COMPOSE_FILE, *args]
