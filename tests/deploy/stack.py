@@ -44,6 +44,13 @@ class Stack:
             pytest.fail(f"docker compose {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
         return done
 
+    def start(self, *args: str) -> subprocess.Popen:
+        """`docker compose ARGS` in the background (for a command that blocks until the run ends); output to a
+        file named by `.output_path`."""
+        self.output_path = pathlib.Path(self._env_file.name).with_suffix(".out")
+        with open(self.output_path, "w") as out:
+            return subprocess.Popen(self.argv(*args), cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
     def logs(self, service: str) -> str:
         return self.compose("logs", "--no-color", service).stdout
 
@@ -52,11 +59,15 @@ class Stack:
         self.compose("cp", f"{service}:{path}", str(dest))
         return dest
 
-    def wait_http(self, path: str, timeout_s: float) -> None:
+    def wait_http(self, path: str, timeout_s: float, alive: subprocess.Popen | None = None) -> None:
+        """Waits until the host's HTTP address answers `path`; fails at `timeout_s`, or when `alive` (the `up`) has ended."""
         import urllib.request
 
         deadline = time.monotonic() + timeout_s
         while True:
+            if alive is not None and alive.poll() is not None:
+                pytest.fail(f"docker compose up ended ({alive.returncode}) before {path} answered:\n"
+                            + self.output_path.read_text()[-4000:])
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5)
                 return
@@ -69,6 +80,7 @@ class Stack:
     def down(self) -> None:
         self.compose("down", "-v", "--remove-orphans", "-t", "20", check=False, timeout=300)
         pathlib.Path(self._env_file.name).unlink(missing_ok=True)
+        pathlib.Path(self._env_file.name).with_suffix(".out").unlink(missing_ok=True)
 
 
 def per_replica(logs: str, pattern: str) -> dict[str, list[re.Match]]:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import psutil
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -35,9 +37,40 @@ class LocalReplica:
     def http_base(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
+    def freeze_engine(self) -> None:
+        """SIGSTOPs the replica's vLLM engine processes (its API process keeps serving): nothing is generated
+        until `thaw_engine`, so a test can look at a generation's state without racing it."""
+        self._signal_engine("suspend")
+
+    def thaw_engine(self) -> None:
+        """SIGCONTs what `freeze_engine` stopped."""
+        self._signal_engine("resume")
+
+    def _signal_engine(self, action: str) -> None:
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:  # the replica has exited
+            return
+        for proc in children:
+            try:
+                getattr(proc, action)()
+            except psutil.NoSuchProcess:  # a short-lived helper process that has ended meanwhile
+                pass
+
+    def step_engine_until(self, reached, step_s: float = 0.02, timeout_s: float = 60.0) -> None:
+        """With the engine frozen: lets it run `step_s` at a time until `reached()` is true, checked while it is
+        frozen (so what `reached` sees cannot run past it meanwhile); leaves it frozen."""
+        deadline = time.monotonic() + timeout_s
+        while not reached():
+            assert time.monotonic() < deadline, f"not reached in {timeout_s} s of engine steps"
+            self.thaw_engine()
+            time.sleep(step_s)
+            self.freeze_engine()
+
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM, then SIGKILL of its process group if it does not end in `timeout_s` (the default rollout.drain_s is 30)."""
         if self.proc.poll() is None:
+            self.thaw_engine()
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout_s)

@@ -157,16 +157,17 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
                             extra_args=("--dock", REDIS_URL)).wait()
     http = httpx.Client(timeout=10)
     try:
+        # The engine is frozen while the test looks (the replica's API process and dock worker keep running), so the
+        # rows cannot finish their round unseen however slowly this process is scheduled: it runs in short steps until
+        # the rows have tokens, and resumes only once the worker has seen the target and aborted them.
+        replica.freeze_engine()
         groups = dock.begin_iteration(2)[:3]  # a target of 2 complete groups; 3 prompts in the pool
         rows = dock.rows_of(groups)
         dock.put(rows, {"prompts": [np.asarray(PROMPTS[i // n], np.int32) for i in range(len(rows))]})
         other = dock.claim("actor_rollout", ["prompts"], count=2 * n, group=False, timeout_s=5)  # another worker's
         held = sorted(set(rows) - set(other.indexes))
         assert len(held) == n, other.indexes  # one group left: the replica's claim
-        deadline = time.monotonic() + 60
-        while metric(http, replica, "dockrl_rollout_generated_tokens_total") < 8:  # the replica's rows are generating
-            assert time.monotonic() < deadline, "the replica never generated"
-            time.sleep(0.01)
+        replica.step_engine_until(lambda: metric(http, replica, "dockrl_rollout_generated_tokens_total") >= 8)
         done = len(other)
         dock.put(other.indexes, {"responses": [np.asarray([7, 256], np.int32)] * done,
                                  "rollout_log_probs": [np.asarray([-1.0, -1.0], np.float32)] * done,
@@ -174,8 +175,13 @@ def test_rows_in_flight_stop_at_the_target_go_back_partial_and_resume_oldest_fir
                                  "response_length": [2] * done, "finish_reason": ["stop"] * done},
                  lease=other.lease, version=0)
         assert dock.rollout_done()
+        deadline = time.monotonic() + 60
+        while metric(http, replica, "dockrl_rollout_rows_interrupted_total") < 2:  # the worker aborts its rows
+            assert time.monotonic() < deadline, "the replica did not stop its rows at the target"
+            time.sleep(0.05)
+        replica.thaw_engine()
 
-        while dock.stats().leased.get("actor_rollout", 0):  # the replica notices the target and gives its rows back
+        while dock.stats().leased.get("actor_rollout", 0):  # the replica gives its rows back
             assert time.monotonic() < deadline, f"rows in flight were not given back: {dock.stats()}"
             time.sleep(0.05)
         stats = dock.stats()
