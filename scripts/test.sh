@@ -5,8 +5,8 @@
 # With no arguments the suite runs as two pytest processes side by side (docs/testing.md: the
 # compose tier and the end-to-end runs in one, every other tier in the other; on 2 cores this
 # shortens the run because image builds and process start-ups leave a core idle). The second
-# lane's output goes to runs/test-lanes/<lane>.log and is printed when it ends; the command fails
-# when either lane fails.
+# lane's output goes to runs/test-lanes/deploy-e2e.log and is printed when it ends; each lane's
+# JUnit report lands in runs/test-lanes/<lane>.xml; the command fails when either lane fails.
 #
 # Extra arguments run one pytest with them instead (e.g. `bash scripts/test.sh tests/unit -k config`,
 # or `bash scripts/test.sh -m "not deploy"` for every tier but the compose one).
@@ -23,12 +23,13 @@ fi
 SIDE_LANE=(tests/deploy tests/e2e)
 logs=runs/test-lanes
 mkdir -p "$logs"
-"${PYTEST[@]}" "${SIDE_LANE[@]}" > "$logs/deploy-e2e.log" 2>&1 &
+"${PYTEST[@]}" --junitxml="$logs/deploy-e2e.xml" "${SIDE_LANE[@]}" > "$logs/deploy-e2e.log" 2>&1 &
 side=$!
-# A Ctrl-C or SIGTERM of this script reaches the side lane too (its own pytest then tears down and reaps).
-trap 'kill -INT "$side" 2>/dev/null; wait "$side"; exit 130' INT TERM
+# A background job starts with SIGINT ignored, so a Ctrl-C or SIGTERM of this script reaches the side
+# lane as SIGTERM (tests/reaper.py makes pytest tear down on it as on Ctrl-C, and reap what is left).
+trap 'kill -TERM "$side" 2>/dev/null; wait "$side"; exit 130' INT TERM
 main_rc=0
-"${PYTEST[@]}" $(printf -- '--ignore=%s ' "${SIDE_LANE[@]}") tests || main_rc=$?
+"${PYTEST[@]}" --junitxml="$logs/main.xml" $(printf -- '--ignore=%s ' "${SIDE_LANE[@]}") tests || main_rc=$?
 side_rc=0
 wait "$side" || side_rc=$?
 trap - INT TERM
