@@ -25,7 +25,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 MARK = "TEST_SESSION_REAPER_ID"

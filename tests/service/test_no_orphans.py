@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from tests import reaper
 
 pytestmark = pytest.mark.service
 
