@@ -272,9 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `dockrl` console script."""
+    """Entry point of the `dockrl` console script.
+
+    A config that cannot run is reported by every command as `dockrl config check` reports it: every
+    problem with its key's path, no traceback, exit 2.
+    """
+    from services.common.config import ConfigError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -61,6 +61,15 @@ def test_config_check_reports_key(tmp_path):
     assert out.returncode == 2 and "rl_config.clip_ratio: expected a number" in out.stderr
 
 
+@pytest.mark.parametrize("command", [["up"], ["prepare"]])
+def test_an_invalid_config_stops_every_command_as_config_check_does(command):
+    out = subprocess.run([sys.executable, "-m", "services", *command, "--set", "rl_config.clip_ratio=wide",
+                          "--set", "rollout.no_such_key=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "rl_config.clip_ratio: expected a number" in out.stderr and "rollout.no_such_key" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
 def test_config_reference_is_current():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_config_docs.py"), "--check"])
     assert out.returncode == 0, "docs/config.md is out of date: run `python scripts/gen_config_docs.py`"
