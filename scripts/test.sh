@@ -23,7 +23,8 @@ fi
 SIDE_LANE=(tests/deploy tests/e2e)
 logs=runs/test-lanes
 mkdir -p "$logs"
-"${PYTEST[@]}" --junitxml="$logs/deploy-e2e.xml" "${SIDE_LANE[@]}" > "$logs/deploy-e2e.log" 2>&1 &
+# unbuffered, so that the log shows the lane's progress as it goes
+PYTHONUNBUFFERED=1 "${PYTEST[@]}" --junitxml="$logs/deploy-e2e.xml" "${SIDE_LANE[@]}" > "$logs/deploy-e2e.log" 2>&1 &
 side=$!
 # A background job starts with SIGINT ignored, so a Ctrl-C or SIGTERM of this script reaches the side
 # lane as SIGTERM (tests/reaper.py makes pytest tear down on it as on Ctrl-C, and reap what is left).
