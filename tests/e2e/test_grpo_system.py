@@ -34,8 +34,11 @@ def test_grpo_learns_and_the_dock_accounts_for_every_sample(run_up):
     assert summary["dock"]["requeued"] == 0
     assert summary["prompts"]["over_max_prompt_length"] == 0 and summary["prompts"]["trained_from"] > 0
 
-    # Both replicas took every push, and rollout and trainer agree on the same weights.
-    assert all(r["weight_sync/replicas"] == 2 for r in records)
+    # Every push reached every replica registered by then, and rollout and trainer agree on the same weights. The
+    # trainer starts on the first replica that serves (`dockrl up` starts both with it); one that finished starting
+    # later (a loaded machine: 15 s later in one CI run) joins at the next push, and from then on takes every push.
+    synced = [r["weight_sync/replicas"] for r in records]
+    assert synced == sorted(synced) and set(synced) <= {1, 2} and synced[-1] == 2 and synced.count(2) >= iters // 2, synced
     assert max(r["train_rollout_logprob_diff"] for r in records) < 1e-3
     assert all(r["rollout/off_policy_token_fraction"] == 0 for r in records)
     assert all(r["policy_lag/max"] == 0 for r in records)  # synchronous: max_staleness 0
