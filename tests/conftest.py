@@ -157,6 +157,13 @@ def pytest_configure(config):
     reaper.start()
 
 
+def pytest_unconfigure(config):
+    """As pytest ends, however: the watchdog learns what is still running (tests/reaper.py)."""
+    from tests import reaper
+
+    reaper.hand_over()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Writes the fault table when fault or security tests recorded rows."""
     from tests.fault_log import SESSION_LOG

@@ -7,7 +7,8 @@ starts in a session of its own and whose parent is then killed is re-parented to
 else then ties it to the test run). Every process pytest starts also inherits a token in its
 environment (`MARK`), which catches one started just before the end; processes that rewrite their
 title (redis-server, vLLM's engine) overwrite the environment block the kernel shows, which is why
-the token alone is not enough. When pytest has ended (a pidfd: the kernel wakes the watchdog), the
+the token alone is not enough; and as pytest ends normally or by Ctrl-C it hands the watchdog
+the processes it has running then (`hand_over`). When pytest has ended (a pidfd: the kernel wakes the watchdog), the
 watchdog stops every remembered or marked process and their children, runs the commands tests
 registered for that moment (`on_death`: a compose project's containers, which inherit nothing from
 this process tree), and SIGKILLs them all.
@@ -29,6 +30,7 @@ import uuid
 
 MARK = "TEST_SESSION_REAPER_ID"
 _DEATH_COMMANDS = "REAPER_DEATH_COMMANDS"
+_watchdog: subprocess.Popen | None = None
 SCAN_S = 1.0  # how often the watchdog remembers pytest's descendants (about 5 ms of CPU a scan)
 
 
@@ -40,9 +42,10 @@ def start() -> str:
     os.environ[MARK] = token
     os.environ[_DEATH_COMMANDS] = str(commands)
     env = {k: v for k, v in os.environ.items() if k != MARK}
-    subprocess.Popen([sys.executable, __file__, token, str(os.getpid()), str(commands)], env=env,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    global _watchdog
+    _watchdog = subprocess.Popen([sys.executable, __file__, token, str(os.getpid()), str(commands)], env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
     signal.signal(signal.SIGTERM, _interrupt)
     return token
 
@@ -58,6 +61,17 @@ def on_death(argv: list[str], env: dict[str, str] | None = None) -> None:
     if path:
         with open(path, "a") as out:
             out.write(json.dumps({"argv": argv, "env": env or {}}) + "\n")
+
+
+def hand_over() -> None:
+    """Tells the watchdog every process this pytest has running now, as it ends (normally or by Ctrl-C / SIGTERM):
+    one started since the watchdog's last look, whose environment block a title overwrote, is found too."""
+    path = os.environ.get(_DEATH_COMMANDS)
+    if not path or _watchdog is None:
+        return
+    table = _table()
+    alive = _descendants(table, {os.getpid()}) - {_watchdog.pid}
+    pathlib.Path(path).with_suffix(".pids").write_text("".join(f"{p} {table[p][1]}\n" for p in alive if p in table))
 
 
 def _table() -> dict[int, tuple[int, int, str]]:
@@ -114,6 +128,10 @@ def _signal_all(pids: set[int], sig: int) -> None:
 
 def _reap(token: str, seen: dict[int, int], commands: pathlib.Path) -> None:
     me = os.getpid()
+    handed = commands.with_suffix(".pids")
+    if handed.exists():
+        seen = {**seen, **{int(p): int(s) for p, s in (line.split() for line in handed.read_text().splitlines())}}
+        handed.unlink()
     targets: set[int] = set()
     for _ in range(3):  # stop what is found, then look again for children started meanwhile
         table = _table()

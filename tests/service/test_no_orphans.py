@@ -29,8 +29,10 @@ def test_nothing_the_test_run_started_outlives_it(ending, tmp_path):
     record = tmp_path / "started.json"
     env = {**os.environ, "LEAKY_RECORD": str(record), "LEAKY_END": "return" if ending == "normal end" else "wait",
            "LEAKY_REPLICA": "1" if ending == "SIGKILL" else ""}
+    # SIGINT as a terminal's Ctrl-C finds it: a pytest run in the background (CI's, say) inherits it ignored
     inner = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/service/leaky_session.py"],
-                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not record.exists():
