@@ -1,6 +1,6 @@
 """Nothing a test session starts outlives it, however pytest ends: normally, by Ctrl-C, SIGTERM or SIGKILL.
 
-Each pytest process (an xdist worker too) starts a watchdog of its own, in a session of its own so
+Each pytest process starts a watchdog of its own, in a session of its own so
 that a Ctrl-C to the terminal's process group does not reach it. While pytest lives, the watchdog
 remembers every descendant it has seen (once a second, by pid and start time: a server that
 starts in a session of its own and whose parent is then killed is re-parented to init, and nothing
@@ -8,8 +8,9 @@ else then ties it to the test run). Every process pytest starts also inherits a 
 environment (`MARK`), which catches one started just before the end; processes that rewrite their
 title (redis-server, vLLM's engine) overwrite the environment block the kernel shows, which is why
 the token alone is not enough; and as pytest ends normally or by Ctrl-C it hands the watchdog
-the processes it has running then (`hand_over`). When pytest has ended (a pidfd: the kernel wakes the watchdog), the
-watchdog stops every remembered or marked process and their children, runs the commands tests
+the processes it has running then (`hand_over`). (So after a SIGKILL, a process that started in
+pytest's last second and rewrote its title is the one that can escape.) When pytest has ended (a
+pidfd: the kernel wakes the watchdog), the watchdog stops every remembered or marked process and their children, runs the commands tests
 registered for that moment (`on_death`: a compose project's containers, which inherit nothing from
 this process tree), and SIGKILLs them all.
 
