@@ -55,13 +55,13 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def on_death(argv: list[str], env: dict[str, str] | None = None) -> None:
+def on_death(argv: list[str]) -> None:
     """Registers a command the watchdog runs when this test process has ended, for what it started
     outside its process tree (containers); run before the remaining processes are killed."""
     path = os.environ.get(_DEATH_COMMANDS)
     if path:
         with open(path, "a") as out:
-            out.write(json.dumps({"argv": argv, "env": env or {}}) + "\n")
+            out.write(json.dumps(argv) + "\n")
 
 
 def hand_over() -> None:
@@ -145,8 +145,7 @@ def _reap(token: str, seen: dict[int, int], commands: pathlib.Path) -> None:
         targets |= found
     if commands.exists():
         for line in commands.read_text().splitlines():
-            command = json.loads(line)
-            subprocess.run(command["argv"], env={**os.environ, **command["env"]}, capture_output=True, timeout=120)
+            subprocess.run(json.loads(line), capture_output=True, timeout=120)
         commands.unlink()
     _signal_all(targets, signal.SIGKILL)
 
