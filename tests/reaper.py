@@ -70,12 +70,12 @@ def hand_over() -> None:
     path = os.environ.get(_DEATH_COMMANDS)
     if not path or _watchdog is None:
         return
-    table = _table()
+    table = process_table()
     alive = _descendants(table, {os.getpid()}) - {_watchdog.pid}
     pathlib.Path(path).with_suffix(".pids").write_text("".join(f"{p} {table[p][1]}\n" for p in alive if p in table))
 
 
-def _table() -> dict[int, tuple[int, int, str]]:
+def process_table() -> dict[int, tuple[int, int, str]]:
     """Every live process: pid -> (parent pid, start time in clock ticks, state)."""
     table = {}
     for entry in os.listdir("/proc"):
@@ -135,7 +135,7 @@ def _reap(token: str, seen: dict[int, int], commands: pathlib.Path) -> None:
         handed.unlink()
     targets: set[int] = set()
     for _ in range(3):  # stop what is found, then look again for children started meanwhile
-        table = _table()
+        table = process_table()
         found = {p for p, start in seen.items() if table.get(p, (0, -1, ""))[1] == start} | set(marked(token))
         found |= _descendants(table, found)
         found.discard(me)
@@ -158,7 +158,7 @@ def _watch(token: str, pid: int, commands: pathlib.Path) -> None:
         fd = None
     me = os.getpid()
     while fd is not None:
-        table = _table()
+        table = process_table()
         seen = {p: s for p, s in seen.items() if table.get(p, (0, -1, ""))[1] == s}  # forget the dead
         seen.update((p, table[p][1]) for p in _descendants(table, {pid}) if p != me)
         if select.select([fd], [], [], SCAN_S)[0]:

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from tests import reaper
+
 
 pytestmark = pytest.mark.service
 
@@ -18,10 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return reaper.process_table().get(pid, (0, 0, "Z"))[2] != "Z"
 
 
 @pytest.mark.parametrize("ending", ["normal end", "SIGINT", "SIGTERM", "SIGKILL"])
