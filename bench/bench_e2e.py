@@ -154,7 +154,7 @@ def reference_loop(cfg, iters: int, engine: str) -> list[dict[str, float]]:
     from transformers import AutoTokenizer
 
     from bench_trainer_step import PlainStep
-    from services.common.preprocess import load_prompts
+    from services.common.prompt_file import read_prompt_file
     from services.reward.pool import InProcessRunner
     from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
     from services.trainer.loop.iteration_data import ScoredBatch
@@ -166,7 +166,7 @@ def reference_loop(cfg, iters: int, engine: str) -> list[dict[str, float]]:
     step = PlainStep(mt.load, cfg)
     generate = HFGenerate(cfg, step, tokenizer) if engine == "hf" else VLLMGenerate(cfg)
     plan, runner = ScoringPlan.from_rl_config(rl), InProcessRunner()
-    stream = PromptStream(load_prompts(mt.data_path), mt.seed, shuffle=not rl.guarantee_order)
+    stream = PromptStream(read_prompt_file(mt.data_path, "megatron_training.data_path").records, mt.seed, shuffle=not rl.guarantee_order)
     torch.manual_seed(mt.seed)
     records = []
     for i in range(iters):
@@ -212,7 +212,7 @@ def main() -> int:
         p.error(f"--iters must be more than --skip ({args.skip})")
 
     from services.common.config import load_config
-    from services.common.preprocess import load_prompts
+    from services.common.prompt_file import read_prompt_file
 
     work = work_dir("e2e")
     records = run_up(work, iters, args.overrides)[args.skip:]
@@ -228,7 +228,7 @@ def main() -> int:
         print(f"{label:<34}{seconds:>10.3f}{seconds / iteration:>8.1%}")
 
     # the dock's traffic of one such iteration, at the run's sizes (response lengths uniform up to twice the mean)
-    prompt_len = round(np.mean([len(r.prompt_ids) for r in load_prompts(cfg.megatron_training.data_path)]))
+    prompt_len = round(np.mean([len(r.prompt_ids) for r in read_prompt_file(cfg.megatron_training.data_path, "megatron_training.data_path").records]))
     response_len = max(1, round(2 * median([r["response_length/mean"] for r in records])))
     with private_redis(work) as url:
         import redis

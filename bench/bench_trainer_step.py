@@ -205,7 +205,7 @@ def main() -> int:
     args = p.parse_args()
     reps = args.reps or (3 if args.quick else 15)
 
-    from services.common.preprocess import load_prompts
+    from services.common.prompt_file import read_prompt_file
     from services.launch.prepare import prepare_run
     from services.trainer.modeling.model import cpu_threads
     from services.trainer.loop.session import TrainerSession
@@ -214,7 +214,7 @@ def main() -> int:
     work = work_dir("trainer-step")
     cfg = tiny_config(work)
     prepare_run(cfg)
-    prompts = load_prompts(cfg.megatron_training.data_path)
+    prompts = read_prompt_file(cfg.megatron_training.data_path, "megatron_training.data_path").records
     batch = scored_batch(cfg, prompts, seed=0)
     progress(f"batch: {len(batch)} samples, {sum(map(len, batch.responses))} response tokens, "
              f"{sum(len(a) + len(b) for a, b in zip(batch.prompts, batch.responses))} tokens; "

@@ -411,6 +411,11 @@ def _check_positive(errors: list[str], path: str, value: int | float | None, all
 
 
 MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
+# rl_config.verifier_function's names: the reward service's rule verifiers (services/reward/verifiers.py, whose
+# registry a test keeps equal to this) and REWARD_MODEL, reward_config's model
+RULE_VERIFIERS = ("format", "strict_format", "base_acc", "acc", "math_17k_acc", "acc_for_ppo", "math_verify",
+                  "math_verify_reward", "acc_for_dapo", "step")
+REWARD_MODEL = "reward_model"
 
 
 def _validate_init_model_moe(init: InitModelConfig, errors: list[str]) -> None:
@@ -616,6 +621,10 @@ def _validate(cfg: Config, errors: list[str]) -> None:
             f"rl_config.verifier_weight: {len(rl.verifier_weight)} weights for "
             f"{len(rl.verifier_function)} verifier_function entries; give one weight per verifier"
         )
+    unknown = [name for name in rl.verifier_function if name not in RULE_VERIFIERS + (REWARD_MODEL,)]
+    if unknown:
+        errors.append(f"rl_config.verifier_function: {', '.join(map(repr, unknown))} is not a verifier; the verifiers: "
+                      f"{', '.join(RULE_VERIFIERS)}, and {REWARD_MODEL} (reward_config's model)")
     if "reward_model" in rl.verifier_function and not cfg.reward_config.load:
         errors.append("rl_config.verifier_function: reward_model is listed but reward_config.load is empty; "
                       "give the reward model's directory (dockrl init-model --reward builds a tiny one)")

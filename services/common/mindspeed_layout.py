@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import yaml
 
 # Sections only MindSpeed-RL's layout has: any of them marks a file as written in it.
+VERIFIER_SERIES = "_rewards/mean"  # the end of a verifier's logged series, `[prefix/]{verifier}_rewards/mean`
 LAYOUT_MARKERS = ("defaults", "actor_config", "ref_config", "critic_config", "msprobe_config")
 
 _KERNEL = "selects a fused Ascend kernel; dockrl's trainer runs torch's attention (SDPA) and unfused RMSNorm, SwiGLU and RoPE, with the same results"
@@ -259,10 +260,17 @@ def translate(data: dict, base_dir: pathlib.Path) -> Translation:
         else:
             out.changes.append("rl_config.filter_groups_train_batch_size dropped: dynamic sampling fills global_batch_size groups, the same")
     metric = rl.get("filter_groups_metric")
-    if isinstance(metric, str) and metric.endswith("_rewards/mean"):
-        # MindSpeed-RL names the metric by its logged series: a verifier's per-sample reward.
-        rl["filter_groups_metric"] = "acc"
-        out.changes.append(f"rl_config.filter_groups_metric: {metric!r} -> 'acc' (the sample's verifier reward)")
+    if isinstance(metric, str) and metric.endswith(VERIFIER_SERIES):
+        # MindSpeed-RL names the metric by its logged series, `[prefix/]{verifier}_rewards/mean`: a verifier's
+        # per-sample reward, which must be one the run scores with.
+        verifier = metric[:-len(VERIFIER_SERIES)].rsplit("/", 1)[-1]
+        scored = list(rl.get("verifier_function") or ["base_acc"])
+        if verifier not in scored:
+            out.errors.append(f"rl_config.filter_groups_metric: {metric!r} names the verifier {verifier!r}, which "
+                              f"rl_config.verifier_function {scored} does not list")
+        else:
+            rl["filter_groups_metric"] = "acc"
+            out.changes.append(f"rl_config.filter_groups_metric: {metric!r} -> 'acc' (the sample's verifier reward)")
     _take_noted(rl, "rl_config", _RL_NOTED, out)
 
     generate = dict(data.get("generate_config") or {})

@@ -3,7 +3,7 @@
 Keys follow MindSpeed-RL's preprocessing YAML (input, tokenizer_name_or_path, output_prefix,
 handler_name, prompt_type, map_keys, seq_length, workers, log_interval). The output is
 `{output_prefix}.jsonl` (one prompt per line: index, prompt text, prompt_ids, label) and
-`{output_prefix}.meta.json`; `load_prompts(output_prefix)` reads it back.
+`{output_prefix}.meta.json`; `services.common.prompt_file.read_prompt_file` reads it back.
 """
 from __future__ import annotations
 
@@ -103,6 +103,10 @@ def _is_chat(value) -> bool:
 
 def _messages(row: dict, keys: MapKeys, row_no: int) -> tuple[list[dict], str]:
     prompt = _field(row, keys.prompt, "prompt", row_no)
+    # an empty prompt would still render (the template's own text) and fail in the rollout replica, a run later
+    texts = [m["content"] for m in prompt] if _is_chat(prompt) else [prompt]
+    if not any(str(text).strip() for text in texts if text is not None):
+        raise ValueError(f"input row {row_no}: map_keys.prompt field {keys.prompt!r} is empty")
     label = _field(row, keys.response, "response", row_no)
     system = _field(row, keys.system, "system", row_no, required=False) if keys.system else None
     if _is_chat(prompt):  # already a conversation (DAPO-Math-17k's prompt): its turns as they are
@@ -198,11 +202,3 @@ def preprocess(cfg: PreprocessConfig, progress: bool = True) -> int:
             "handler_name": cfg.handler_name, "tokenizer_name_or_path": cfg.tokenizer_name_or_path}
     pathlib.Path(f"{cfg.output_prefix}.meta.json").write_text(json.dumps(meta, indent=1))
     return kept
-
-
-def load_prompts(output_prefix: str | pathlib.Path) -> list[PromptRecord]:
-    """Reads a preprocessed dataset back, in index order."""
-    path = pathlib.Path(f"{output_prefix}.jsonl")
-    if not path.exists():
-        raise FileNotFoundError(f"megatron_training.data_path: {path} does not exist; run `dockrl data preprocess` first")
-    return [PromptRecord(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import pathlib
 import sys
 
@@ -35,6 +36,18 @@ def write_resolved_config(cfg: Config, redis_url: str, path: pathlib.Path) -> pa
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+def add_replica_command(cfg: Config, config_path: pathlib.Path) -> str:
+    """The command that adds one more rollout replica to the run `config_path` (the resolved config
+    `dockrl up` wrote) describes, on this host or any that reaches its Redis: free ports, the run's
+    dock, and, when `dockrl up` bound its replicas' engines to cores (rollout.omp_threads_bind auto),
+    none for this one, so it does not pin its threads to cores a running replica holds."""
+    argv = ["dockrl", "rollout", "serve", "--config", str(config_path), "--model", cfg.megatron_training.load,
+            "--dock", "config", "--grpc-port", "0", "--http-port", "0"]
+    if cfg.rollout.omp_threads_bind == "auto":
+        argv += ["--set", "rollout.omp_threads_bind=nobind"]
+    return shlex.join(argv)
 
 
 def _port(base: int, i: int) -> int:

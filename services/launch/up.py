@@ -20,10 +20,12 @@ from services.common.config import load_config
 from services.common.log import log_event, setup_logging
 from services.common.ready_file import read_ready_file
 from services.launch.health_probe import wait_serving
-from services.launch.plan import plan_processes, write_resolved_config
+from services.launch.plan import add_replica_command, plan_processes, write_resolved_config
 from services.launch.prepare import prepare_run
 from services.launch.process_group import ProcessGroup, ProcessSpec
 from services.launch.redis_local import start_local_redis
+
+ADD_REPLICA_FILE = "add_rollout_replica.sh"  # beside the run's logs: the command that adds one more rollout replica
 
 
 class _Interrupted(Exception):
@@ -72,7 +74,10 @@ def _print_summary(log_dir: pathlib.Path) -> None:
     acc = summary.get("accounting", {})
     unused = "".join(f", {acc[key]} {what}" for key, what in (("rows_stale", "dropped as stale (max_staleness)"),
                                                                 ("rows_failed", "dropped as failed by rollout")) if acc.get(key))
-    print(f"{summary.get('steps')} iterations, {acc.get('rows_trained')} samples trained, {acc.get('rows_dropped')} dropped by "
+    # a resumed run counts what it trained itself: the steps from its checkpoint's on
+    steps = (f"steps {acc['from_step']}-{summary.get('steps')}" if acc.get("from_step", 1) > 1
+             else f"{summary.get('steps')} iterations")
+    print(f"{steps}, {acc.get('rows_trained')} samples trained, {acc.get('rows_dropped')} dropped by "
           f"dynamic sampling{unused}; curves: {log_dir / 'curves.png'}, metrics: {log_dir / 'metrics.jsonl'}")
 
 
@@ -113,6 +118,10 @@ def up(config_path: str | None, overrides: list[str], resume: bool = False, star
                 return 1
             # the start-up's parts: each service in turn, from the moment all of them were started
             log_event(logger, "serving", service=spec.name, address=address, seconds_after_start=f"{time.monotonic() - services_started:.1f}")
+        add_replica = log_dir / ADD_REPLICA_FILE
+        add_replica.write_text(f"#!/bin/sh\n# adds a rollout replica to this run\nexec {add_replica_command(cfg, resolved)}\n")
+        add_replica.chmod(0o755)
+        log_event(logger, "to add a rollout replica to this run", command=add_replica_command(cfg, resolved), script=str(add_replica))
         rl = cfg.rl_config
         algorithm = "PPO" if rl.adv_estimator == "gae" else "DAPO" if rl.filter_groups_enable or rl.clip_higher_enable else "GRPO"
         columns = (TextColumn(f"[bold]{algorithm}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}"))

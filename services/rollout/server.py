@@ -69,7 +69,17 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
             log_event(log, "bad expert map; not starting this replica", level=logging.ERROR,
                       error=f"generate_config.expert_map_path: {exc}")
             return 2
-    # 1. the engine (vLLM spawns its engine-core and worker processes here)
+    # 1. the ports, before the engine's tens of seconds of start-up: one that is taken is said now, naming it
+    try:
+        trying = "--grpc-port / rollout.grpc_port", options.grpc_port
+        _bind(options.host, options.grpc_port).close()  # gRPC binds its own socket in step 3
+        trying = "--http-port / rollout.http_port", options.http_port
+        http_socket = _bind(options.host, options.http_port)
+    except OSError as exc:
+        log_event(log, "port unavailable; not starting this replica", level=logging.ERROR,
+                  error=f"{trying[0]}: {options.host}:{trying[1]}: {exc.strerror}; give another port, or 0 for a free one")
+        return 2
+    # 2. the engine (vLLM spawns its engine-core and worker processes here)
     engine = RolloutEngine.start(options.model, cfg, options.served_model_name)
     try:
         await engine.start_expert_counting()
@@ -82,9 +92,8 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     token = resolve_token(cfg.auth)
     spec = served_weight_spec(engine.model_path, cfg.generate_config.dtype)
     receiver, collective = WeightReceiver(engine, spec, token), CollectiveReceiver(engine, spec)
-    # 2. gRPC and HTTP (vLLM's OpenAI app) on this loop
+    # 3. gRPC and HTTP (vLLM's OpenAI app) on this loop
     grpc_server, grpc_port, health = await start_grpc_server(engine, receiver, collective, options.host, options.grpc_port, token)
-    http_socket = _bind(options.host, options.http_port)
     http_port = http_socket.getsockname()[1]
     app = await build_http_app(engine, token)
     # As `vllm serve` does once started: the start-up heap leaves the GC's scans. Fewer pauses, and a
@@ -98,7 +107,7 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():
         await asyncio.sleep(0.05)
-    # 3. the dock worker, when asked for (registered before we say we are ready)
+    # 4. the dock worker, when asked for (registered before we say we are ready)
     worker = worker_task = None
     if options.dock_url:
         worker = _dock_worker(engine, cfg, token, options.dock_url, advertised_address(options.host, grpc_port))
@@ -111,7 +120,7 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     # compose or k8s sees it and the dock worker's claims go back to the pool now.
     engine_died = asyncio.create_task(engine.wait_dead())
     signalled = asyncio.create_task(stop.wait())
-    # 4. until a signal, the engine's death, or the HTTP server's end
+    # 5. until a signal, the engine's death, or the HTTP server's end
     await asyncio.wait([signalled, engine_died, http_task], return_when=asyncio.FIRST_COMPLETED)
     died = engine_died.done()
     stop.set()
@@ -121,7 +130,7 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     else:
         engine_died.cancel()
         deadline = await _drain(engine, health, worker_task, cfg.rollout.drain_s)
-    # 5. stop the servers, then the engine with what is left of the drain's time
+    # 6. stop the servers, then the engine with what is left of the drain's time
     http.should_exit = True
     await asyncio.gather(http_task, *([worker_task] if worker_task else []), return_exceptions=died)
     await grpc_server.stop(grace=1.0)

@@ -211,9 +211,11 @@ class LoopSystem:
     def wait_steps(self, count: int, timeout_s: float = 600.0) -> list[int]:
         """Waits until the metrics log holds `count` steps; fails at once when a service the test did not kill exits."""
         def logged() -> bool:
-            dead = [f"{name} (exit {proc.returncode})" for name, proc in self.procs.items()
-                    if name not in self.killed and proc.poll() is not None]
-            assert not dead, f"died while waiting for step {count}: {', '.join(dead)}; see {self.log_dir / 'services'}"
+            dead = [name for name, proc in self.procs.items() if name not in self.killed and proc.poll() is not None]
+            # the logs' tails in the message: CI keeps the report, not the test's directory
+            assert not dead, f"died while waiting for step {count}: " + "; ".join(
+                f"{name} (exit {self.procs[name].returncode}), the end of its log:\n" + "\n".join(self.log(name).splitlines()[-40:])
+                for name in dead)
             return len(self.steps()) >= count
 
         wait_for(logged, timeout_s, f"{count} logged steps")
@@ -255,6 +257,7 @@ class LoopSystem:
             return rollout_pb2_grpc.RolloutStub(channel).Generate(request, timeout=120).policy_version
 
     def log(self, name: str) -> str:
+        """A service's whole log."""
         return (self.log_dir / "services" / f"{name}.log").read_text(errors="replace")
 
 

@@ -162,10 +162,18 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
         time.sleep(1.0)  # the replica stages what was sent
         # A streamed generation under way when the engine dies must end UNAVAILABLE too (not UNKNOWN).
         streaming = stub.GenerateStream(rollout_pb2.GenerateRequest(
-            token_ids=rollout_pb2.TokenIds(ids=[1, 2, 3]), sampling=rollout_pb2.SamplingParams(max_tokens=96, n=8, temperature=1.0)))
+            token_ids=rollout_pb2.TokenIds(ids=[1, 2, 3]), sampling=rollout_pb2.SamplingParams(max_tokens=96, n=8, temperature=1.0)), timeout=120)
         first_chunk = next(streaming)
         os.kill(workers[0], signal.SIGKILL)
         t0 = time.monotonic()
+        # The stream is read to its end before the rest of the push goes: what ends it is then the
+        # engine's death alone, not the push's commit racing vLLM's notice of that death.
+        stream_ends = []
+        try:
+            stream_ends = [chunk.finish_reason for chunk in streaming if chunk.finish_reason]
+            stream_code, stream_details = grpc.StatusCode.OK, ""
+        except grpc.RpcError as exc:
+            stream_code, stream_details = exc.code(), exc.details() or ""
         killed.set()
         try:
             call.result(timeout=120)
@@ -173,12 +181,6 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details() or ""
         answered_s = time.monotonic() - t0
-        try:
-            for _ in streaming:
-                pass
-            stream_code, stream_details = grpc.StatusCode.OK, ""
-        except grpc.RpcError as exc:
-            stream_code, stream_details = exc.code(), exc.details() or ""
         exit_code = replica.proc.wait(timeout=120)
         exited_s = time.monotonic() - t0
         stats = dock.stats()
@@ -196,7 +198,8 @@ def test_a_replica_whose_engine_dies_mid_push_answers_unavailable_and_exits(roll
                     and stats.leased.get("actor_rollout", 0) == 0 and stats.ready.get("responses", 0) < len(rows))
     fault_log.check("rollout weight push", "the same kill while a GenerateStream was mid-stream (first chunk received)",
                     "the stream ends UNAVAILABLE (the status interceptor maps the engine's error), not UNKNOWN",
-                    f"first chunk {len(first_chunk.token_ids)} tokens; then {stream_code.name} ({stream_details[:70]!r})",
+                    f"first chunk {len(first_chunk.token_ids)} tokens; then {stream_code.name} ({stream_details[:70]!r}), "
+                    f"completions ended {stream_ends}",
                     stream_code == grpc.StatusCode.UNAVAILABLE)
 
 

@@ -12,6 +12,7 @@ resumed trainer builds every group afresh), so each mode meets every fault in tw
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 
@@ -63,9 +64,10 @@ def test_the_loop_survives_dead_workers_a_dead_trainer_and_redis_restarts(loop, 
         _worker_killed_mid_batch(loop, fault_log, name, consumer, what)
     _redis_restarted_on_its_aof(loop, fault_log)
     _trainer_killed_and_resumed(loop, fault_log)
-    _every_sample_accounted_for(loop, fault_log, "after the kills, the Redis restart and the trainer resume", first_step=1)
-    new_dock_from = _redis_back_empty_without_aof(loop, fault_log)
-    _every_sample_accounted_for(loop, fault_log, "at the end of the run (the dock the resumed trainer made)", first_step=new_dock_from)
+    _every_sample_accounted_for(loop, fault_log, "after the kills, the Redis restart and the trainer resume", first_step=1, log_from=0)
+    new_dock_from, log_from = _redis_back_empty_without_aof(loop, fault_log)
+    _every_sample_accounted_for(loop, fault_log, "at the end of the run (the dock the resumed trainer made)", first_step=new_dock_from,
+                                log_from=log_from)
 
 
 def _worker_killed_mid_batch(loop: LoopSystem, fault_log, name: str, consumer: str, what: str) -> None:
@@ -137,8 +139,12 @@ def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
         generated, refused = None, exc.details()
     log_before = len(loop.log("trainer"))
     loop.start_trainer(resume=True)
-    after = loop.wait_steps(logged + 2)
-    resumed_at = after[logged]
+    # The resumed trainer drops the records of steps after its checkpoint (one an asynchronous trainer logged but did
+    # not save), then records from saved + 1 on: the metrics log holds each step once.
+    wait_for(lambda: "resumed from_step=" in loop.log("trainer")[log_before:], 600, "the trainer to resume", loop.procs["trainer"])
+    resumed = re.search(r"resumed from_step=(\d+) records_dropped=(\d+)", loop.log("trainer")[log_before:])
+    resumed_at, dropped = int(resumed.group(1)) + 1, int(resumed.group(2))
+    after = loop.wait_steps(saved + 2)
     pushed = loop.served_version("rollout-0")
     # An asynchronous trainer needs no rollout wait to start step saved + 1, so it may have trained and pushed
     # it before the kill, unsaved: the resumed trainer then pushes its checkpoint's weights (version saved) first.
@@ -149,21 +155,24 @@ def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
         f"it continues at step {saved + 1}; the replica serves the last pushed version meanwhile ({saved}, or {saved + 1} "
         f"pushed but not saved, which the resumed trainer replaces with its checkpoint's {saved}) and takes the next push; "
         "on the collective path a push the kill broke mid-way leaves it refusing generation (UNAVAILABLE) until then",
-        f"resumed at step {resumed_at}; meanwhile the replica served version {served} "
+        f"resumed at step {resumed_at} ({logged - saved} record(s) after the checkpoint, {dropped} dropped); "
+        f"meanwhile the replica served version {served} "
         f"({f'Generate answered by {generated}' if refused == '' else f'Generate refused: {refused[:90]!r}'}); "
         f"{f'the resumed trainer pushed version {saved}: {rolled_back}; ' if orphan else ''}after the resume it serves {pushed}",
         resumed_at == saved + 1 and (served == generated or (refused and "collective" in loop.area))
         and (served == saved or (orphan and rolled_back))
-        and pushed > saved and _each_step_once(after))
+        and pushed > saved and dropped == logged - saved and _each_step_once(after))
 
 
-def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_step: int) -> None:
-    """Checks the dock's books against the steps trained since `first_step` (when this dock was made)."""
+def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_step: int, log_from: int) -> None:
+    """Checks the dock's books against the steps trained since `first_step` (when this dock was made, the trainer's
+    log at `log_from` characters)."""
     stats, steps = loop.stats(), loop.steps()
     trained_groups = (steps[-1] - first_step + 1) * GBS
     # Groups dropped unseen (a token older than version - max_staleness, or a row without a token) are retired too.
-    dropped_groups = sum(r.get("policy_lag/stale_rows_dropped", 0) + r.get("rollout/failed_rows_dropped", 0)
-                         for r in loop.records() if r["step"] >= first_step) // N
+    # Counted from the trainer's log, not its records: an iteration the trainer kill cut short dropped some, unrecorded.
+    dropped_groups = sum(int(rows) for rows in re.findall(r"(?:stale|failed) rows dropped rows=(\d+)",
+                                                          loop.log("trainer")[log_from:])) // N
     # The last iteration's groups are acked, and retired when the next iteration begins.
     retired_ok = stats.retired_groups - dropped_groups in (trained_groups - GBS, trained_groups)
     fault_log.check(
@@ -174,8 +183,8 @@ def _every_sample_accounted_for(loop: LoopSystem, fault_log, when: str, first_st
         stats.unaccounted_rows() == 0 and retired_ok)
 
 
-def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
-    """Returns the first step trained on the new dock."""
+def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> tuple[int, int]:
+    """Returns the first step trained on the new dock, and where the trainer's log stood when it was made."""
     saved = _at_a_checkpoint(loop)
     iters = loop.cfg.megatron_training.train_iters
     trainer = loop.procs["trainer"]
@@ -190,7 +199,7 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
         f"the trainer fails iteration {saved + 1} with an error naming the lost dock and the checkpoint to resume from",
         f"exit {trainer.returncode}: {message}",
         trainer.returncode != 0 and f"step={saved + 1}" in message and f"checkpoint of step {saved}" in message)
-    logged = len(loop.steps())
+    log_from = len(loop.log("trainer"))
     resumed = loop.start_trainer(resume=True)
     wait_for(lambda: resumed.poll() is not None, 900, "the resumed run to finish")
     after = loop.steps()
@@ -199,8 +208,8 @@ def _redis_back_empty_without_aof(loop: LoopSystem, fault_log) -> int:
         loop.area, "`dockrl trainer train --resume` after the empty Redis",
         f"continues from the checkpoint of step {saved} at step {saved + 1} and runs to step {iters}; its summary counts "
         "the samples of the steps it trained",
-        f"exit {resumed.returncode}; steps after the resume: {after[logged:]}; summary: {counted['rows_trained']} rows trained "
+        f"exit {resumed.returncode}; steps after the resume: {after[saved:]}; summary: {counted['rows_trained']} rows trained "
         f"from step {counted['from_step']}",
-        resumed.returncode == 0 and after[logged:] == list(range(saved + 1, iters + 1))
+        resumed.returncode == 0 and after[saved:] == list(range(saved + 1, iters + 1)) and _each_step_once(after)
         and counted["from_step"] == saved + 1 and counted["rows_trained"] == (iters - saved) * GBS * N)
-    return saved + 1
+    return saved + 1, log_from

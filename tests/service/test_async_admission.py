@@ -12,7 +12,8 @@ from services.common.config import config_from_dict
 from services.common.sample import FinishReason
 from services.common.preprocess import PromptRecord
 from services.dock.schema import DockLayout
-from services.trainer.loop.iteration_data import RunAccounting, ack_batch, collect_iteration
+from services.dock.scripts import StaleLease
+from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ack_batch, collect_iteration
 from services.trainer.loop.prompt_stream import PromptStream
 
 pytestmark = pytest.mark.service
@@ -61,11 +62,11 @@ class Workers:
                 self.dock.put(claim.indexes, {"rm_scores": scores, "rm_parts": parts}, lease=claim.lease)
 
 
-def _setup(dock_factory, max_staleness: int):
+def _setup(dock_factory, max_staleness: int, lease_s: float = 30.0):
     cfg = config_from_dict({"megatron_training": {"global_batch_size": GBS},
                             "rl_config": {"n_samples_per_prompt": N, "max_staleness": max_staleness},
                             "trainer": {"rollout_timeout_s": 20}})
-    dock = dock_factory(DockLayout.from_config(cfg))
+    dock = dock_factory(DockLayout.from_config(cfg), lease_seconds=lease_s)
     stream = PromptStream([PromptRecord(i, str(i), [i + 1], str(i)) for i in range(50)], seed=1)
     return cfg, dock, stream, RunAccounting()
 
@@ -139,3 +140,23 @@ def test_each_verifiers_part_reaches_the_trainers_metrics(dock_factory):
     metrics = batch_metrics(batch, 0, N, ("math_17k_acc", "format"))
     assert metrics["math_17k_acc_rewards/mean"] == pytest.approx(metrics["reward/mean"])
     assert metrics["format_rewards/mean"] == pytest.approx(0.5)
+
+
+def test_a_batch_held_through_an_update_longer_than_the_lease_is_renewed_and_acked_once(dock_factory):
+    """An update and push outlasting dock.lease_seconds (a large model's step; a push waiting out a dead replica):
+    the trainer's leases on the batch are renewed meanwhile, so its rows neither go back to the pool nor fail the ack."""
+    lease_s = 1.0
+    cfg, dock, stream, books = _setup(dock_factory, 0, lease_s)
+    with Workers(dock):
+        batch, _ = collect_iteration(dock, stream, books, cfg, 0)
+        held = HeldBatch(dock, batch, lease_s)
+        time.sleep(3 * lease_s)  # the update and the push
+        held.release()
+        ack_batch(dock, batch)
+        assert dock.stats().requeued == 0
+        # Without the renewal the same wait loses the lease: the rows went back to the pool and the ack fails.
+        batch, _ = collect_iteration(dock, stream, books, cfg, 1)
+        time.sleep(3 * lease_s)
+        with pytest.raises(StaleLease):
+            ack_batch(dock, batch)
+

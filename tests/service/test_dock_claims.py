@@ -21,11 +21,17 @@ def _fill_prompts(dock: Dock, groups) -> None:
     dock.put(rows, {"prompts": [[1, 2, 3]] * len(rows), "prompt_length": [3] * len(rows)})
 
 
-def _claim_until_empty(dock: Dock, count: int) -> list[int]:
+def _claim_until_empty(dock: Dock, count: int, started=None) -> list[int]:
+    """Claims and acks until the pool is empty; with `started` (a barrier), every claimer holds
+    one claim before any takes a second, so that on a loaded machine the first one started does
+    not empty the pool alone and the race the test is about does happen."""
     taken = []
     while (claim := dock.claim("actor_rollout", ["prompts"], count)) is not None:
         taken += claim.indexes
         dock.ack(claim.lease, claim.indexes)
+        if started is not None:
+            started.wait(60)
+            started = None
     return taken
 
 
@@ -33,30 +39,32 @@ def test_threads_never_share_a_row_and_take_every_row_once(dock_factory):
     dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=128))
     _fill_prompts(dock, range(128))
     results: list[list[int]] = [[] for _ in range(8)]
-    threads = [threading.Thread(target=lambda i=i: results[i].extend(_claim_until_empty(dock, 2 * N))) for i in range(8)]
+    started = threading.Barrier(8)
+    threads = [threading.Thread(target=lambda i=i: results[i].extend(_claim_until_empty(dock, 2 * N, started))) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     taken = [row for result in results for row in result]
     assert sorted(taken) == list(range(128 * N))  # every row, none twice
-    assert sum(1 for result in results if result) > 1  # the work really was shared
+    assert all(results)  # the work really was shared
     for result in results:  # group claims keep a prompt's n samples together
         assert all(result[i] // N == result[i + N - 1] // N for i in range(0, len(result), N))
     assert dock.all_consumed("actor_rollout")
 
 
-def _process_claimer(redis_url, prefix, run_id, queue):
+def _process_claimer(redis_url, prefix, run_id, queue, started):
     dock = Dock(redis.Redis.from_url(redis_url), prefix, run_id)
-    queue.put(_claim_until_empty(dock, N))
+    queue.put(_claim_until_empty(dock, N, started))
 
 
 def test_processes_never_share_a_row_and_take_every_row_once(dock_factory, redis_url):
     dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=128))
     _fill_prompts(dock, range(128))
     ctx = multiprocessing.get_context("fork")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_process_claimer, args=(redis_url, dock.keys.prefix, dock.keys.run_id, queue)) for _ in range(4)]
+    queue, started = ctx.Queue(), ctx.Barrier(4)
+    procs = [ctx.Process(target=_process_claimer, args=(redis_url, dock.keys.prefix, dock.keys.run_id, queue, started))
+             for _ in range(4)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=60) for _ in procs]
@@ -65,7 +73,7 @@ def test_processes_never_share_a_row_and_take_every_row_once(dock_factory, redis
         assert p.exitcode == 0
     taken = [row for result in results for row in result]
     assert sorted(taken) == list(range(128 * N))
-    assert sum(1 for result in results if result) > 1
+    assert all(results)
     assert dock.stats().consumed["actor_rollout"] == 128 * N
 
 

@@ -213,6 +213,8 @@ def test_config_is_frozen():
     ({"rl_config": {"n_samples_per_prompt": 2}, "dock": {"replica_ack_timeout_s": 0}}, r"dock\.replica_ack_timeout_s: must be > 0, got 0"),
     ({"rl_config": {"n_samples_per_prompt": 2, "kl_ctrl_type": "pid"}}, r"rl_config\.kl_ctrl_type: 'pid' is not one of"),
     ({"rl_config": {"n_samples_per_prompt": 2, "filter_groups_metric": "pass_rate"}}, r"rl_config\.filter_groups_metric: 'pass_rate' is not one of acc"),
+    ({"rl_config": {"n_samples_per_prompt": 2, "verifier_function": ["base_acc", "acc_for_grpo"], "verifier_weight": [1.0, 1.0]}},
+     r"rl_config\.verifier_function: 'acc_for_grpo' is not a verifier; the verifiers: format, strict_format, base_acc, "),
     ({"rl_config": {"n_samples_per_prompt": 2, "use_kl_in_reward": True}},
      r"rl_config\.use_kl_in_reward: group_norm advantages normalise each group's rewards"),
     ({"rl_config": {"n_samples_per_prompt": 2, "loss_agg_mode": "seq-sum"}}, r"rl_config\.loss_agg_mode: 'seq-sum' is not one of token-mean, "),

@@ -68,3 +68,23 @@ def test_dockrl_up_binds_each_replica_to_its_cores_unless_the_config_names_them(
     specs = plan_processes(load_config(str(DEFAULT_CONFIG), ["rollout.omp_threads_bind=nobind"]), tmp_path / "c.yaml", "",
                            tmp_path / "ready")
     assert specs[0].env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_the_add_replica_command_names_the_runs_config_and_dock_free_ports_and_no_core_binding(tmp_path):
+    import shlex
+
+    from services.cli import build_parser
+    from services.launch.plan import add_replica_command, write_resolved_config
+
+    cfg = load_config(str(DEFAULT_CONFIG), ["dock.run_id=run-7"])
+    resolved = write_resolved_config(cfg, "redis://127.0.0.1:41234/0", tmp_path / "config.yaml")
+    argv = shlex.split(add_replica_command(cfg, resolved))
+    assert argv[:3] == ["dockrl", "rollout", "serve"]
+    args = build_parser().parse_args(argv[1:])  # the command `dockrl` parses
+    assert (args.config, args.model, args.dock, args.grpc_port, args.http_port) == (str(resolved), cfg.megatron_training.load, "config", 0, 0)
+    # `--dock config` reads the dock from the resolved config: the run's Redis and run id
+    joined = load_config(args.config, args.overrides)
+    assert (joined.dock.redis_url, joined.dock.run_id, joined.rollout.omp_threads_bind) == ("redis://127.0.0.1:41234/0", "run-7", "nobind")
+    # cores named in the config stay named
+    named = load_config(str(DEFAULT_CONFIG), ["rollout.omp_threads_bind='0,1'"])
+    assert "omp_threads_bind" not in add_replica_command(named, resolved)

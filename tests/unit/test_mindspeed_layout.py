@@ -92,6 +92,9 @@ def test_mindspeed_rls_eplb_keys_import(tmp_path):
     (lambda d: d["rl_config"].update(actor_forward_micro_batch_size=4), "rl_config.actor_forward_micro_batch_size: 4 differs"),
     (lambda d: d["actor_config"].update(model="qwen25_72b"), "megatron_training.model: 'qwen25_72b' is not among"),
     (lambda d: d.update(defaults=[{"model": ["missing"]}]), "defaults.model: 'missing' has no model file"),
+    (lambda d: d["rl_config"].update(filter_groups_metric="grpo/acc_for_dapo_rewards/mean"),
+     "rl_config.filter_groups_metric: 'grpo/acc_for_dapo_rewards/mean' names the verifier 'acc_for_dapo', which "
+     "rl_config.verifier_function ['base_acc'] does not list"),
     (lambda d: d["actor_config"].update(lr_decay_stlye="cosine"), "megatron_training.lr_decay_stlye: unknown key (did you mean 'lr_decay_style'?)"),
 ])
 def test_what_cannot_run_here_is_refused_by_key(edit, expected, tmp_path):

@@ -2,7 +2,7 @@
 import json
 
 from services.common.config import config_from_dict
-from services.common.preprocess import load_prompts
+from services.common.prompt_file import read_prompt_file
 from services.launch.prepare import prepare_run
 
 
@@ -17,7 +17,7 @@ def test_prepare_builds_each_piece_once(tmp_path):
     })
     done = prepare_run(cfg)
     assert len(done) == 3, done
-    train, test = (load_prompts(tmp_path / f"data/{name}") for name in ("train", "test"))
+    train, test = (read_prompt_file(tmp_path / f"data/{name}", "data").records for name in ("train", "test"))
     assert (len(train), len(test)) == (160, 40)
     assert not {r.prompt for r in train} & {r.prompt for r in test}
     marker = json.loads((tmp_path / "model/warm_start.json").read_text())

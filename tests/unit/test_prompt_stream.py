@@ -2,7 +2,7 @@
 from services.common.preprocess import PromptRecord
 import pytest
 
-from services.trainer.loop.prompt_stream import PromptStream, within_prompt_limit
+from services.trainer.loop.prompt_stream import PromptStream
 
 RECORDS = [PromptRecord(i, f"p{i}", [i], str(i)) for i in range(10)]
 
@@ -35,11 +35,3 @@ def test_the_run_config_keeps_file_order_under_no_shuffle_or_guarantee_order(key
     assert [r.index for r in shuffled.take(10)] != list(range(10))
     in_order = PromptStream.from_config(RECORDS, load_config(None, [f"{key}=true"]))
     assert [r.index for r in in_order.take(10)] == list(range(10))
-
-
-def test_prompts_over_max_prompt_length_are_left_out_and_counted():
-    records = [PromptRecord(i, f"p{i}", list(range(length)), "1") for i, length in enumerate([3, 9, 4, 5, 12])]
-    kept, over = within_prompt_limit(records, 5)
-    assert [r.index for r in kept] == [0, 2, 3] and over == 2
-    with pytest.raises(ValueError, match=r"rl_config.max_prompt_length: all 5 prompts are longer than 2 tokens \(the shortest has 3, the longest 12\)"):
-        within_prompt_limit(records, 2)

@@ -70,6 +70,18 @@ def test_an_invalid_config_stops_every_command_as_config_check_does(command):
     assert "Traceback" not in out.stderr
 
 
+def test_a_training_file_without_a_usable_line_stops_the_trainer_naming_the_file_before_the_model_loads(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"index": 0, "prompt": "1+1=", "prompt_ids": [1, 2]}\n')
+    out = subprocess.run([sys.executable, "-m", "services", "trainer", "train", "--set", f"megatron_training.data_path={tmp_path}/train",
+                          "--set", "trainer.eval_data_path=", "--set", "trainer.test_data_path="],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    said = out.stdout + out.stderr
+    assert f"megatron_training.data_path: {tmp_path}/train.jsonl has no usable prompt (1 missing_field); the first: " \
+           f"{tmp_path}/train.jsonl:1: missing_field: no label" in said
+    assert "Traceback" not in said
+
+
 def test_config_reference_is_current():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_config_docs.py"), "--check"])
     assert out.returncode == 0, "docs/config.md is out of date: run `python scripts/gen_config_docs.py`"

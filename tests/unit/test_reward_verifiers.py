@@ -1,6 +1,7 @@
 """Each verifier on correct, wrong, malformed and adversarial answers, with MindSpeed-RL's scores."""
 import pytest
 
+from services.common.config import RULE_VERIFIERS
 from services.common.errors import InvalidArgument
 from services.reward.math_answer import answers_equivalent, extract_answer, last_boxed, minerva_answer
 from services.reward.verifiers import REGISTRY, get_verifier, has_strict_structure, run_verifier
@@ -13,9 +14,10 @@ def score(name: str, response: str, label: str) -> float:
     return run_verifier(name, response, label)
 
 
-def test_registry_has_mindspeed_names():
+def test_registry_has_mindspeed_names_and_the_configs_list_is_the_same():
     assert set(REGISTRY) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "acc_for_dapo",
                              "acc_for_ppo", "math_verify_reward", "step"}
+    assert set(RULE_VERIFIERS) == set(REGISTRY)  # what `dockrl config check` accepts in rl_config.verifier_function
 
 
 def test_unknown_verifier_names_the_field_and_the_known_ones():

@@ -74,3 +74,19 @@ def test_wandb_offline_run_holds_every_step_and_a_resumed_trainer_continues_the_
     assert b"max_staleness" in raw and b"s3cret-token" not in raw  # the run's config is there, its token is not
     # the pictures, as W&B images, at the end of the first process
     assert any(r.get("curves/_type") == r.get("timeline/_type") == "image-file" for r in rows)
+
+
+def test_a_resumed_run_keeps_each_step_once_and_its_summary_line_counts_its_own_steps(tmp_path, capsys):
+    log = RunLog(tmp_path, use_tensorboard=False)
+    log.log(0, {"eval/accuracy": 0.25})  # the original run's "before" evaluation
+    for step in range(1, 6):  # the checkpoint holds step 3; steps 4 and 5 were recorded, then the trainer died
+        log.log(step, {"reward/mean": 0.1 * step})
+    assert log.keep_through(3) == 2 and log.keep_through(3) == 0
+    log.log(4, {"reward/mean": 0.9})
+    assert [r["step"] for r in log.records()] == [0, 1, 2, 3, 4]
+
+    from services.launch.up import _print_summary
+
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 6, "accounting": {"rows_trained": 384, "rows_dropped": 0, "from_step": 4}}))
+    _print_summary(tmp_path)
+    assert capsys.readouterr().out.startswith("steps 4-6, 384 samples trained, 0 dropped")

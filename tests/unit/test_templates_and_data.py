@@ -6,7 +6,8 @@ import pytest
 
 from services.common.config import ArithmeticConfig
 from services.common.arithmetic_data import arithmetic_problems, write_arithmetic_dataset
-from services.common.preprocess import PreprocessConfig, load_prompts, preprocess
+from services.common.preprocess import PreprocessConfig, preprocess
+from services.common.prompt_file import read_prompt_file
 from services.common.templates import load_templates, render_prompt
 
 
@@ -47,7 +48,7 @@ def test_preprocess_tokenizes_and_filters(tmp_path, tiny_model_dir, workers):
                            prompt_type="qwen", workers=workers, seq_length=0)
     kept = preprocess(cfg, progress=False)
     rows = [json.loads(line) for line in train.read_text().splitlines()]
-    records = load_prompts(tmp_path / "out/train")
+    records = read_prompt_file(tmp_path / "out/train", "data").records
     assert kept == len(records) == len(rows)
     from transformers import AutoTokenizer
 
@@ -58,6 +59,15 @@ def test_preprocess_tokenizes_and_filters(tmp_path, tiny_model_dir, workers):
     limit = len(records[0].prompt_ids) - 1
     short = PreprocessConfig(input=str(train), tokenizer_name_or_path=str(tiny_model_dir), output_prefix=str(tmp_path / "short"), seq_length=limit)
     assert preprocess(short, progress=False) < kept
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", None, [{"role": "user", "content": " "}]], ids=["empty", "blank", "null", "blank-chat"])
+def test_preprocess_refuses_an_empty_prompt_naming_its_row(tmp_path, tiny_model_dir, prompt):
+    rows = [{"problem": "1+1=", "answer": "2"}, {"problem": prompt, "answer": "3"}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = PreprocessConfig(input=str(tmp_path / "in.jsonl"), tokenizer_name_or_path=str(tiny_model_dir), output_prefix=str(tmp_path / "o"))
+    with pytest.raises(ValueError, match=r"input row 1: map_keys.prompt field 'problem' is empty"):
+        preprocess(cfg, progress=False)
 
 
 def test_preprocess_reads_parquet_and_names_missing_fields(tmp_path, tiny_model_dir):
@@ -73,9 +83,9 @@ def test_preprocess_reads_parquet_and_names_missing_fields(tmp_path, tiny_model_
     ok = PreprocessConfig(input=str(tmp_path / "in.parquet"), tokenizer_name_or_path=str(tiny_model_dir),
                           output_prefix=str(tmp_path / "o"), map_keys=MapKeys(prompt="question", response="answer"), prompt_type="empty")
     assert preprocess(ok, progress=False) == 1
-    assert load_prompts(tmp_path / "o")[0].prompt == "1+1="
+    assert read_prompt_file(tmp_path / "o", "data").records[0].prompt == "1+1="
     with pytest.raises(FileNotFoundError, match="megatron_training.data_path"):
-        load_prompts(tmp_path / "nothing")
+        read_prompt_file(tmp_path / "nothing", "megatron_training.data_path")
 
 
 DATASETS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
@@ -101,7 +111,7 @@ def test_dapo_math_17k_chat_prompts_and_nested_labels(tmp_path, tiny_model_dir, 
                            output_prefix=str(tmp_path / "dapo"), handler_name="Math17kAlpacaStyleInstructionHandler",
                            prompt_type="tokenizer", **keys)
     assert preprocess(cfg, progress=False) == 2
-    records = load_prompts(tmp_path / "dapo")
+    records = read_prompt_file(tmp_path / "dapo", "data").records
     assert [r.label for r in records] == ["7", "6"]
     from transformers import AutoTokenizer
 
@@ -116,7 +126,7 @@ def test_deepscaler_json_array_with_its_handler(tmp_path, tiny_model_dir):
     cfg = PreprocessConfig(input=str(DATASETS / "deepscaler.json"), tokenizer_name_or_path=str(tiny_model_dir),
                            output_prefix=str(tmp_path / "ds"), handler_name="R1AlpacaStyleInstructionHandler", prompt_type="qwen_r1")
     assert preprocess(cfg, progress=False) == 2
-    records = load_prompts(tmp_path / "ds")
+    records = read_prompt_file(tmp_path / "ds", "data").records
     assert [r.label for r in records] == ["8", "6"] and "Let $x = 2$" in records[0].prompt
 
 

@@ -25,14 +25,12 @@ from torch.profiler import record_function
 from services.common.auth import resolve_token
 from services.common.config import Config
 from services.common.log import log_event, setup_logging
-from services.common.preprocess import load_prompts
-from services.trainer.loop.prompt_stream import within_prompt_limit
 from services.dock.scripts import DockMissing
 from services.trainer.modeling.checkpoint import latest_step
 from services.trainer.modeling.cpu_shims import accelerator_present
 from services.trainer.modeling.model import cpu_threads
 from services.trainer.loop.profiling import StepProfiler
-from services.trainer.loop.run_leader import RunLeader
+from services.trainer.loop.run_leader import TRAIN_SET, RunLeader, read_run_data
 from services.trainer.loop.session import TrainerSession
 from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
 from services.trainer.weights.gather import take_part
@@ -57,12 +55,14 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         log_event(logger, "cpu threads", threads=torch.get_num_threads())
     token = resolve_token(cfg.auth)
     mt = cfg.megatron_training
-    prompts, over_limit = within_prompt_limit(load_prompts(mt.data_path), cfg.rl_config.max_prompt_length)
-    if over_limit:
-        log_event(logger, "prompts over rl_config.max_prompt_length left out", count=over_limit, kept=len(prompts))
-    session = TrainerSession.start(cfg, token, len(prompts), resume=resume, host=host, port=port)
+    try:
+        data = read_run_data(cfg)
+    except (FileNotFoundError, ValueError) as exc:  # a missing file, or one without a usable line: named, no traceback
+        log_event(logger, "no usable data; not starting", level=logging.ERROR, error=str(exc))
+        return 2
+    session = TrainerSession.start(cfg, token, len(data[TRAIN_SET].records), resume=resume, host=host, port=port)
     model_ready = time.perf_counter()
-    leader = (RunLeader(cfg, token, prompts, session.prompt_cursor, resume, over_limit, session.request_weight_stream)
+    leader = (RunLeader(cfg, token, data, session.prompt_cursor, resume, session.request_weight_stream)
               if session.is_leader else None)
     profiler = StepProfiler.from_config(cfg, dist.get_rank() if dist.is_initialized() else 0)
     try:

@@ -11,16 +11,18 @@ trained: it is dropped, counted, and its slot takes a fresh prompt.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from services.common.errors import Unavailable
+from services.common.errors import DockrlError, Unavailable
 from services.common.log import log_event
 from services.common.preprocess import PromptRecord
 from services.common.sample import FinishReason
 from services.dock.client import Claim, Dock
+from services.dock.scripts import StaleLease
 
 log = logging.getLogger("dockrl.trainer")
 
@@ -245,6 +247,7 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
     def dropped(reason: str, rows: int) -> None:
         if reason == "stale":
             accounting.rows_stale += rows
+            log_event(log, "stale rows dropped", rows=rows, oldest_allowed=min_version)
         else:
             accounting.rows_failed += rows
             log_event(log, "failed rows dropped", level=logging.WARNING, rows=rows,
@@ -275,6 +278,37 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
     if not kept.indexes:
         raise RuntimeError(f"rl_config.filter_groups_max_batches: {sampler.batches_seen} batches gave no group whose scores differ")
     return kept, {"dynamic_sampling/rounds": sampler.batches_seen, "dynamic_sampling/kept_groups": len(kept) // n}
+
+
+class HeldBatch:
+    """Keeps the trainer's leases on a collected batch alive while it trains and pushes.
+
+    A thread renews them every third of dock.lease_seconds until `release`: an update and a push can
+    outlast the lease (a large model's step; a push that waits out a replica that just died), and rows
+    whose lease ends go back to the pool, to be trained again, while this ack would then fail.
+    """
+
+    def __init__(self, dock: Dock, batch: ScoredBatch, lease_s: float):
+        self._dock, self._batch = dock, batch
+        self._released = threading.Event()
+        self._thread = threading.Thread(target=self._renew, args=(lease_s / 3,), name="batch-lease-renewal", daemon=True)
+        self._thread.start()
+
+    def _renew(self, period_s: float) -> None:
+        while not self._released.wait(period_s):
+            try:
+                for claim in self._batch.claims:
+                    self._dock.renew(claim.lease, claim.indexes)
+            except StaleLease as exc:  # gone already (Redis was down longer than the lease): the ack will say so
+                log_event(log, "batch lease lost", level=logging.WARNING, error=str(exc))
+                return
+            except DockrlError as exc:  # Redis away for a moment: the next period tries again
+                log_event(log, "batch lease renewal failed", level=logging.WARNING, error=str(exc))
+
+    def release(self) -> None:
+        """Stops renewing (before the ack, or when the iteration failed)."""
+        self._released.set()
+        self._thread.join()
 
 
 def ack_batch(dock: Dock, batch: ScoredBatch) -> None:

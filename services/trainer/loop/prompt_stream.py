@@ -7,18 +7,6 @@ from dataclasses import dataclass
 from services.common.preprocess import PromptRecord
 
 
-def within_prompt_limit(records: list[PromptRecord], max_prompt_length: int) -> tuple[list[PromptRecord], int]:
-    """The prompts of at most `max_prompt_length` tokens (rl_config.max_prompt_length), and how many
-    longer ones were left out: a prompt the rollout could not take must not end the run there.
-    Raises ValueError naming the key when none is left."""
-    kept = [r for r in records if len(r.prompt_ids) <= max_prompt_length]
-    if records and not kept:
-        longest = max(len(r.prompt_ids) for r in records)
-        raise ValueError(f"rl_config.max_prompt_length: all {len(records)} prompts are longer than {max_prompt_length} "
-                         f"tokens (the shortest has {min(len(r.prompt_ids) for r in records)}, the longest {longest})")
-    return kept, len(records) - len(kept)
-
-
 @dataclass
 class PromptStreamState:
     """Where the stream is: prompts handed out so far (over all epochs)."""

@@ -17,12 +17,12 @@ import redis
 from services.common.config import Config
 from services.common.log import log_event
 from services.common.weight_wire import BucketSource
-from services.common.preprocess import PromptRecord, load_prompts
+from services.common.prompt_file import OVER_MAX_PROMPT_LENGTH, PromptFile, read_prompt_file
 from services.dock.client import Dock
 from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
 from services.dock.timeline import Span, Timeline
-from services.trainer.loop.iteration_data import RunAccounting, ScoredBatch, ack_batch, collect_iteration
+from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ScoredBatch, ack_batch, collect_iteration
 from services.trainer.loop.prompt_stream import PromptStream
 from services.trainer.weights.rollout_sync import ReplicaSync
 from services.trainer.loop.run_log import RunLog
@@ -30,28 +30,53 @@ from services.trainer.loop.run_log import RunLog
 logger = logging.getLogger("dockrl.trainer")
 
 EVAL_SETS = (("accuracy", "eval_data_path"), ("test_accuracy", "test_data_path"))
+TRAIN_SET = "train"
 TRAINER_STAGES = (("wait", "timing/rollout_and_reward_s"), ("train", "timing/train_s"), ("push", "timing/weight_sync_s"))
+
+
+def read_run_data(cfg: Config) -> dict[str, PromptFile]:
+    """The training prompts (TRAIN_SET) and each evaluation set, read before the model loads.
+
+    The same checks for all (rl_config.max_prompt_length included: evaluation prompts go to the same
+    replicas); each file's lines left out are logged, named by file and line.
+    """
+    keys = {TRAIN_SET: ("megatron_training.data_path", cfg.megatron_training.data_path)}
+    keys |= {name: (f"trainer.{key}", getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
+    files = {}
+    for name, (key, prefix) in keys.items():
+        files[name] = data = read_prompt_file(prefix, key, cfg.rl_config.max_prompt_length)
+        if data.left_out:
+            log_event(logger, "data lines left out", level=logging.WARNING, set=name, file=str(data.path),
+                      kept=len(data.records), **data.counts())
+            for line in data.named():
+                logger.warning("  %s", line)
+        else:
+            log_event(logger, "data", set=name, file=str(data.path), kept=len(data.records))
+    return files
 
 
 class RunLeader:
     """What rank 0 does around the collectives: admit prompts and collect scored groups, push
     weights, evaluate, and record every step."""
 
-    def __init__(self, cfg: Config, token: str, prompts: list[PromptRecord], prompt_cursor: int, resume: bool,
-                 prompts_over_limit: int, current_weights: Callable[[], BucketSource]):
+    def __init__(self, cfg: Config, token: str, data: dict[str, PromptFile], prompt_cursor: int, resume: bool,
+                 current_weights: Callable[[], BucketSource]):
         self.cfg = cfg
-        self.prompts = {"trained_from": len(prompts), "over_max_prompt_length": prompts_over_limit}
+        prompts = data[TRAIN_SET].records
+        self.prompts = {"trained_from": len(prompts), "over_max_prompt_length": data[TRAIN_SET].counts().get(OVER_MAX_PROMPT_LENGTH, 0)}
+        self.data_report = {name: file.report() for name, file in data.items()}
         self.token = token
         self.dock = Dock.from_config(cfg, token=token)
         if not resume or not self.dock.client.exists(self.dock.keys.meta):
             self.dock.create(DockLayout.from_config(cfg))
         self.stream = PromptStream.from_config(prompts, cfg)
         self.stream.state.cursor = prompt_cursor
-        self.eval_sets = {name: load_prompts(getattr(cfg.trainer, key)) for name, key in EVAL_SETS if getattr(cfg.trainer, key)}
+        self.eval_sets = {name: file.records for name, file in data.items() if name != TRAIN_SET}
         self.run_log = RunLog.from_config(cfg)
         self.sync = ReplicaSync(cfg, ReplicaRegistry(self.dock.client, self.dock.keys, cfg.rollout.heartbeat_ttl_s), token)
         self.timeline = Timeline(self.dock.client, self.dock.keys)
         self.accounting = RunAccounting()
+        self.held: HeldBatch | None = None  # the iteration's batch, from collect to publish
         # The model's weights streamed afresh, every rank taking part, for replicas that lack the version it serves
         # (joined late, or missed a push): outside an update the model holds that version, so nothing is kept.
         self.current_weights = current_weights
@@ -64,7 +89,18 @@ class RunLeader:
         ready = time.perf_counter()
         self.sync.push_to_stale(self.current_weights, version)
         pushed = time.perf_counter()
-        return ready - waiting, pushed - ready, self.evaluate(step, version)
+        return ready - waiting, pushed - ready, self._before(step, version)
+
+    def _before(self, step: int, version: int) -> dict[str, float]:
+        """The accuracies before training. A run resumed from the checkpoint of `step` (> 0) drops the records of
+        the steps it trains again and takes the original run's step-0 evaluation when its records hold one."""
+        if step > 0:
+            dropped = self.run_log.keep_through(step)
+            log_event(logger, "resumed", from_step=step, records_dropped=dropped)
+            first = next((r for r in self.run_log.records() if r["step"] == 0 and any(k.startswith("eval/") for k in r)), None)
+            if first is not None:
+                return {key.removeprefix("eval/"): value for key, value in first.items() if key.startswith("eval/")}
+        return self.evaluate(step, version)
 
     def collect(self, step: int, version: int) -> tuple[ScoredBatch, dict[str, float]]:
         """This iteration's GBS scored groups, admitting prompts up to the staleness bound, and the
@@ -79,12 +115,14 @@ class RunLeader:
                                            on_wait=lambda seconds: self.sync.push_to_stale(self.current_weights, version))
         metrics["policy_lag/stale_rows_dropped"] = books.rows_stale - stale
         metrics["rollout/failed_rows_dropped"] = books.rows_failed - failed
+        self.held = HeldBatch(self.dock, batch, self.cfg.dock.lease_seconds)  # until publish acks it
         return batch, metrics
 
     def publish(self, weights: BucketSource, batch: ScoredBatch, version: int) -> dict[str, float]:
         """Pushes the updated policy (streamed: the other ranks take part) as `version` to every live replica and
         releases the trained rows."""
         push = self.sync.push_all(weights, version)
+        self.held.release()
         ack_batch(self.dock, batch)
         return {"weight_sync/bytes": push.bytes_sent, "weight_sync/replicas": push.replicas_updated}
 
@@ -125,6 +163,7 @@ class RunLeader:
         summary = {"steps": step, "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
                    "test_accuracy_before": before.get("test_accuracy"), "test_accuracy_after": after.get("test_accuracy"),
                    "eval_prompts": {k: len(v) for k, v in self.eval_sets.items()}, "prompts": self.prompts,
+                   "data": self.data_report,
                    # this process's count: a run resumed with --resume counts from its first step here
                    "accounting": {**self.accounting.__dict__, "from_step": first_step}, "dock": self.dock.stats().__dict__,
                    # spans in timeline.png, per stage and per worker
@@ -132,4 +171,7 @@ class RunLeader:
         (self.run_log.dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
 
     def close(self) -> None:
+        """Stops renewing a batch an iteration that failed still held; closes the run's records."""
+        if self.held is not None:
+            self.held.release()
         self.run_log.close()

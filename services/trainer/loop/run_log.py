@@ -134,6 +134,15 @@ class RunLog:
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in clean.items() if v is not None}, step=step)
 
+    def keep_through(self, step: int) -> int:
+        """Drops metrics.jsonl's records of steps after `step` (a resumed run trains them again, so each step
+        is recorded once); returns how many were dropped. TensorBoard's event files keep theirs."""
+        records = self.records()
+        kept = [r for r in records if r["step"] <= step]
+        if len(kept) < len(records):
+            self.jsonl_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return len(records) - len(kept)
+
     def records(self) -> list[dict]:
         """Every record logged so far (also those of a resumed run's earlier process)."""
         if not self.jsonl_path.exists():

@@ -69,12 +69,21 @@ class ReplicaSync:
         return result
 
     def push_all(self, weights: BucketSource, version: int) -> PushResult:
-        """Pushes `weights` (trainer.bucket_mb buckets in the replicas' dtype) as `version` to every live replica;
-        raises when none took it."""
-        self.wait_for_replicas(timeout_s=60.0)
-        result = self._push_to(weights, self._registry.live("rollout"), version)
+        """Pushes `weights` (trainer.bucket_mb buckets in the replicas' dtype) as `version` to every live replica.
+
+        When none is live or none took it (the only replica just died), the run goes on: a replica that
+        registers gets `version` before it takes work (push_to_stale), and the next iteration's wait for
+        scored groups ends the run only when none comes within trainer.rollout_timeout_s."""
+        replicas = self._registry.live("rollout")
+        if replicas:
+            result = self._push_to(weights, replicas, version)
+        else:
+            for _ in weights:  # the other ranks take part in the stream's gathers
+                pass
+            result = PushResult(version, 0, 0.0, 0, 0, ())
         if result.replicas_updated == 0:
-            raise Unavailable(f"weight push of version {version} reached no replica: {list(result.failed)}")
+            log_event(logger, "weight push reached no replica", level=logging.WARNING, version=version, failed=len(result.failed),
+                      then="a replica that registers gets this version before it takes work")
         return result
 
     def push_to_stale(self, weights: Callable[[], BucketSource], version: int) -> PushResult | None:
