@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the chosen sub-command; returns the exit status."""
     import asyncio
+    import logging
+    import os
+    import sys
 
     from services.common.config import ConfigError, load_config
     from services.common.log import setup_logging
@@ -44,4 +47,11 @@ def run(args: argparse.Namespace) -> int:
         ready_file=args.ready_file,
         dock_url=args.dock or "",
     )
-    return asyncio.run(serve(cfg, options))
+    code = asyncio.run(serve(cfg, options))
+    # Everything is stopped (serve's last step stops the engine). What interpreter finalization would still
+    # do is collect the heap and have nanobind report triton's extension objects as leaked (vLLM imports
+    # triton on CPU too: dozens of lines on every exit), so the replica leaves here, its output flushed.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -12,9 +12,24 @@ weight-transfer factory must know the collective path's gloo backend: importing 
 """
 from __future__ import annotations
 
+import logging
+
 from services.rollout.gloo_transfer import register_backend
 
 register_backend()
+
+
+class _RotaryCacheNotice(logging.Filter):
+    """Drops vLLM's `RotaryEmbedding: Failed to load weights`, logged at every push. The layer holds only its
+    cos/sin cache, a buffer computed at start that no checkpoint carries; vLLM's layerwise reload counts it as
+    loadable (reload/utils.py get_layer_size) and, finding it absent, puts the same buffer back. The cause is in
+    vLLM; any other layer's failure to load still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "RotaryEmbedding: Failed to load weights"
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryCacheNotice())
 
 
 class WeightStagingExtension:

@@ -92,6 +92,8 @@ def test_chain_push_serves_new_weights_on_both_replicas_then_broken_pushes_are_r
     assert response.replicas_updated == 2
     assert_serves(servers.a, hf_original, 2)
     assert_serves(servers.b, hf_original, 2)
+    # vLLM's notice that the rotary cache (a computed buffer, in no checkpoint) was not pushed is filtered out
+    assert "Failed to load weights" not in servers.a.log_path.read_text()
 
 
 def test_a_push_during_a_stream_pauses_loads_and_continues_it_under_the_new_version(servers, weights):
