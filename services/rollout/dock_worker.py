@@ -1,6 +1,7 @@
 """Dock worker mode: this replica pulls prompts (or partial samples) from the dock and puts responses back.
 
-Loop: claim `actor_rollout_dispatch_size` rows whose prompts are ready (oldest first; under
+Loop: claim `actor_rollout_dispatch_size` rows (at most this replica's share of the iteration:
+`claim_share`) whose prompts are ready (oldest first; under
 partial rollout also rows put back unfinished, with their partial responses) -> generate one
 sample per row, continuing any partial response, for at most the partial-rollout token budget
 -> put the finished rows (responses, logprobs, per-token versions, length, finish reason; with
@@ -80,6 +81,15 @@ def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
         "rollout_log_probs": [np.asarray(r.sample.logprobs, np.float32) for r in results],
         "versions": [np.asarray(r.sample.versions, np.int32) for r in results],
     }
+
+
+def claim_share(dispatch_size: int, iteration_rows: int, live_replicas: int, n: int) -> int:
+    """Rows one claim asks for: the dispatch size, but no more than this replica's share of the iteration
+    (GBS x n split over the live rollout replicas, in whole groups, at least one). With a dispatch size
+    derived for one replica (the whole iteration), a replica added to the running system would otherwise
+    find every row of an iteration in the first replica's claim."""
+    share = -(-iteration_rows // max(live_replicas, 1))  # ceil
+    return max(n, min(dispatch_size, -(-share // n) * n))
 
 
 def token_budget(max_tokens: int, max_split: int, done: int) -> int:
@@ -162,8 +172,10 @@ class DockWorker:
         if self.engine.weights_incomplete or self.engine.version < self.dock.policy_version() - self.cfg.rl_config.max_staleness:
             time.sleep(CLAIM_WAIT_S)
             return None
+        count = claim_share(layout.dispatch_sizes[layout.rollout_consumer], self.cfg.samples_per_iteration,
+                            len(self.registry.live("rollout")), layout.n_samples_per_prompt)
         return self.dock.claim(
-            layout.rollout_consumer, ["prompts"], group=not layout.partial_rollout,
+            layout.rollout_consumer, ["prompts"], count, group=not layout.partial_rollout,
             partial_columns=PARTIAL_COLUMNS if layout.partial_rollout else (), timeout_s=CLAIM_WAIT_S,
         )
 

@@ -31,19 +31,24 @@ def _paths(base: pathlib.Path) -> list[str]:
     ]
 
 
+def up_argv(warm_model: pathlib.Path, base: pathlib.Path, overrides=(), config: str = "configs/tiny_cpu.yaml") -> list[str]:
+    """`dockrl up` on `config` with the demo's prepared model and data, its logs and checkpoints under `base`,
+    free ports, and `overrides`."""
+    return [sys.executable, "-m", "services", "up", str(ROOT / config),
+            *[f"--set={o}" for o in _paths(warm_model)],
+            f"--set=trainer.log_dir={base / 'logs'}", f"--set=megatron_training.save={base}/ckpt",
+            "--set=rollout.grpc_port=0", "--set=rollout.http_port=0", "--set=reward.grpc_port=0", "--set=trainer.grpc_port=0",
+            *[f"--set={o}" for o in overrides]]
+
+
 @pytest.fixture
 def run_up(warm_model, tmp_path):
     """Runs `dockrl up` on the tiny config (or `config`, a path under the repo) with overrides; returns (metrics rows,
     summary, log dir). `name` keeps several runs of one test apart (their logs and checkpoints live under tmp_path/name)."""
 
     def run(*overrides: str, timeout_s: float = 900.0, name: str = "", config: str = "configs/tiny_cpu.yaml"):
-        base = tmp_path / name
-        log_dir = base / "logs"
-        argv = [sys.executable, "-m", "services", "up", str(ROOT / config),
-                *[f"--set={o}" for o in _paths(warm_model)],
-                f"--set=trainer.log_dir={log_dir}", f"--set=megatron_training.save={base}/ckpt",
-                "--set=rollout.grpc_port=0", "--set=rollout.http_port=0", "--set=reward.grpc_port=0", "--set=trainer.grpc_port=0",
-                *[f"--set={o}" for o in overrides]]
+        log_dir = tmp_path / name / "logs"
+        argv = up_argv(warm_model, tmp_path / name, overrides, config)
         proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         metrics = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()] if (log_dir / "metrics.jsonl").exists() else []
         summary = json.loads((log_dir / "summary.json").read_text()) if (log_dir / "summary.json").exists() else {}
