@@ -277,14 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     A config that cannot run is reported by every command as `dockrl config check` reports it: every
     problem with its key's path, no traceback, exit 2.
     """
-    from services.common.config import ConfigError
+    from services.common.config import exit_status
 
     args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    return exit_status(lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import logging
 import os
 import pathlib
 import socket
+import sys
 import typing
 from dataclasses import field
 from typing import Any, Literal
@@ -34,6 +35,16 @@ class ConfigError(ValueError):
     def __init__(self, errors: list[str]):
         self.errors = list(errors)
         super().__init__("invalid config:\n  " + "\n  ".join(self.errors))
+
+
+def exit_status(command: typing.Callable[[], int | None]) -> int:
+    """Runs a command line's work; a config that cannot run is reported as `dockrl config check` reports it
+    (every problem with its key's path, on stderr, no traceback) with exit status 2."""
+    try:
+        return int(command() or 0)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
 
 
 @config_section

@@ -28,16 +28,12 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from services.common.config import ConfigError, load_config
+    from services.common.config import load_config
     from services.common.log import setup_logging
     from services.rollout.server import ServeOptions, serve
 
     setup_logging("rollout")
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(exc)
-        return 2
+    cfg = load_config(args.config, args.overrides)  # a ConfigError is reported by the entry point (exit_status)
     options = ServeOptions(
         model=args.model,
         host=args.host if args.host is not None else cfg.rollout.host,

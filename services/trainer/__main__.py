@@ -2,8 +2,9 @@
 import argparse
 import sys
 
+from services.common.config import exit_status
 from services.trainer import cli
 
 parser = argparse.ArgumentParser(prog="dockrl trainer", description="dockrl Megatron trainer")
 cli.add_arguments(parser)
-sys.exit(cli.run(parser.parse_args()))
+sys.exit(exit_status(lambda: cli.run(parser.parse_args())))

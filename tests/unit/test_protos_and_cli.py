@@ -61,9 +61,11 @@ def test_config_check_reports_key(tmp_path):
     assert out.returncode == 2 and "rl_config.clip_ratio: expected a number" in out.stderr
 
 
-@pytest.mark.parametrize("command", [["up"], ["prepare"]])
+@pytest.mark.parametrize("command", [["services", "up"], ["services", "prepare"], ["services.trainer", "train"],
+                                     ["services.rollout", "serve", "--model", "m"], ["services.reward", "serve"]])
 def test_an_invalid_config_stops_every_command_as_config_check_does(command):
-    out = subprocess.run([sys.executable, "-m", "services", *command, "--set", "rl_config.clip_ratio=wide",
+    # `dockrl up` starts each service as `python -m services.<service>`: those report a config as dockrl does
+    out = subprocess.run([sys.executable, "-m", *command, "--set", "rl_config.clip_ratio=wide",
                           "--set", "rollout.no_such_key=1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     assert "rl_config.clip_ratio: expected a number" in out.stderr and "rollout.no_such_key" in out.stderr
