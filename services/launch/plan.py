@@ -41,12 +41,10 @@ def write_resolved_config(cfg: Config, redis_url: str, path: pathlib.Path) -> pa
 def add_replica_command(cfg: Config, config_path: pathlib.Path) -> str:
     """The command that adds one more rollout replica to the run `config_path` (the resolved config
     `dockrl up` wrote) describes, on this host or any that reaches its Redis: free ports, the run's
-    dock, and, when `dockrl up` bound its replicas' engines to cores (rollout.omp_threads_bind auto),
-    none for this one, so it does not pin its threads to cores a running replica holds."""
+    dock; with rollout.omp_threads_bind auto its engine takes cores no running replica of its host holds
+    (services/rollout/core_claims.py)."""
     argv = ["dockrl", "rollout", "serve", "--config", str(config_path), "--model", cfg.megatron_training.load,
             "--dock", "config", "--grpc-port", "0", "--http-port", "0"]
-    if cfg.rollout.omp_threads_bind == "auto":
-        argv += ["--set", "rollout.omp_threads_bind=nobind"]
     return shlex.join(argv)
 
 

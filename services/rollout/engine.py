@@ -249,8 +249,6 @@ class RolloutEngine:
 
         model_path = str(pathlib.Path(model_path).resolve())
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.generate_config.cpu_kvcache_space_gb))
-        if cfg.rollout.omp_threads_bind != "auto":
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cfg.rollout.omp_threads_bind)
         name = served_model_name or cfg.rollout.served_model_name or pathlib.Path(model_path).name
         args = serve_args(model_path, cfg, name, rollout_trace_dir(cfg))
         engine = AsyncEngineArgs.from_cli_args(args)

@@ -9,6 +9,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+import psutil
 import uvicorn
 
 from services.common.auth import resolve_token
@@ -16,6 +17,7 @@ from services.common.config import Config
 from services.common.grpc_serving import advertised_address
 from services.common.log import log_event
 from services.common.ready_file import write_ready_file
+from services.rollout.core_claims import bind_engine_cores
 from services.rollout.engine import RolloutEngine
 from services.rollout.eplb import ExpertMapError, check_map_against_checkpoint
 from services.rollout.grpc_server import start_grpc_server
@@ -27,6 +29,25 @@ log = logging.getLogger("dockrl.rollout")
 
 DEAD_ENGINE_STOP_S = 5.0  # a dead engine has nothing to drain; vLLM's own wait before it kills the processes
 DRAIN_POLL_S = 0.05
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StartupInterrupted(Exception):
+    """SIGTERM or SIGINT while the engine starts."""
+
+
+def _interrupt_start(signum, frame) -> None:
+    """While vLLM's engine starts (a blocking call of tens of seconds): kill the engine's processes, stop the start.
+
+    Killed, not terminated: vLLM's engine core defers SIGTERM until its own start-up (model load, KV cache,
+    warm-up) is done, and vLLM's shutdown then waits 5 s before it kills it; a start that is called off has
+    nothing to save. multiprocessing's resource tracker is left to remove vLLM's shared memory as it exits.
+    """
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if not any("resource_tracker" in part for part in child.cmdline()):
+                child.kill()
+    raise StartupInterrupted(signal.Signals(signum).name)
 
 
 @dataclass(frozen=True)
@@ -79,8 +100,24 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
         log_event(log, "port unavailable; not starting this replica", level=logging.ERROR,
                   error=f"{trying[0]}: {options.host}:{trying[1]}: {exc.strerror}; give another port, or 0 for a free one")
         return 2
-    # 2. the engine (vLLM spawns its engine-core and worker processes here)
-    engine = RolloutEngine.start(options.model, cfg, options.served_model_name)
+    # 2. the engine's cores (agreed with the host's other replicas), then the engine (vLLM spawns its
+    # engine-core and worker processes here). The start blocks this loop for tens of seconds, so until it
+    # returns a signal interrupts it where it is (see _interrupt_start); from then on it sets `stop`.
+    stop = asyncio.Event()
+    engine = None
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _interrupt_start)
+    try:
+        cores = bind_engine_cores(cfg.rollout.omp_threads_bind)
+        engine = RolloutEngine.start(options.model, cfg, options.served_model_name)
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, stop.set)
+    except StartupInterrupted as exc:
+        if engine is not None:  # started just before the signal
+            engine.shutdown(timeout_s=0.0)
+        log_event(log, "stopped while the engine started", signal=str(exc))
+        return 0
     try:
         await engine.start_expert_counting()
     except ExpertMapError as exc:
@@ -100,10 +137,6 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     # faster exit: interpreter shutdown collects the heap several times over (~4.5 s with vLLM's app loaded).
     freeze_gc_heap()
     http = _Uvicorn(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started and not http_task.done():
         await asyncio.sleep(0.05)
@@ -111,8 +144,13 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     worker = worker_task = None
     if options.dock_url:
         worker = _dock_worker(engine, cfg, token, options.dock_url, advertised_address(options.host, grpc_port))
-        await worker.register()
-        worker_task = asyncio.create_task(worker.run(stop))
+        # A dock that does not answer keeps the registration retrying; a signal meanwhile stops the replica now.
+        registering, signalled = asyncio.create_task(worker.register()), asyncio.create_task(stop.wait())
+        await asyncio.wait([registering, signalled], return_when=asyncio.FIRST_COMPLETED)
+        signalled.cancel()
+        if registering.done():
+            registering.result()
+            worker_task = asyncio.create_task(worker.run(stop))
     if options.ready_file:  # before the log line: whoever reads the line may look for the file at once
         write_ready_file(options.ready_file, grpc_port=grpc_port, http_port=http_port)
     log_event(log, "serving", model=engine.model_name, grpc_port=grpc_port, http_port=http_port, max_queue=engine.max_queue)
@@ -137,6 +175,7 @@ async def serve(cfg: Config, options: ServeOptions) -> int:
     remaining = max(deadline - time.monotonic(), 0.0)
     log_event(log, "stopping the engine", timeout_s=round(remaining, 1))
     engine.shutdown(timeout_s=remaining)
+    cores.keep_only([])
     log_event(log, "stopped")
     return 1 if died else 0
 

@@ -1,6 +1,9 @@
 """What a rollout replica refuses at start, before its engine's tens of seconds of loading."""
+import signal
 import socket
+import time
 
+import psutil
 import pytest
 
 from replica_launcher import spawn_replica
@@ -22,3 +25,38 @@ def test_a_port_in_use_is_an_error_naming_it_before_the_engine_loads(tmp_path, f
             pending.wait(timeout_s=120)
     assert pending.proc.returncode == 2
     assert "Traceback" not in pending.log_path.read_text()
+
+
+def test_sigterm_while_the_engine_starts_stops_the_replica_and_its_engine_processes_at_once(tmp_path):
+    from services.common.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "model")
+    pending = spawn_replica(model, tmp_path, overrides=("rollout.omp_threads_bind=nobind", "generate_config.max_model_len=128"))
+    replica = psutil.Process(pending.proc.pid)
+    deadline = time.monotonic() + 300
+    # vLLM's engine core and its worker exist, and the start has not finished (the worker loads the model next)
+    while not any("VLLM::Worker" in " ".join(p.cmdline()) or "Worker" in p.name() for p in _alive(replica.children(recursive=True))):
+        assert pending.proc.poll() is None, pending.log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, "no vLLM worker process within 300 s"
+        time.sleep(0.05)
+    engine_processes = replica.children(recursive=True)
+    assert not pending.ready_file.exists()
+    pending.proc.send_signal(signal.SIGTERM)
+    # The issue's goal is 5 s; it took 1.0 s at a load of 15 on 2 cores (vLLM's own shutdown would wait 5 s more).
+    assert pending.proc.wait(timeout=10) == 0
+    log = pending.log_path.read_text()
+    assert "stopped while the engine started signal=SIGTERM" in log
+    assert "Traceback" not in log
+    time.sleep(1)
+    assert not _alive(engine_processes), [p.cmdline() for p in _alive(engine_processes)]
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

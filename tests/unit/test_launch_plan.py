@@ -84,7 +84,8 @@ def test_the_add_replica_command_names_the_runs_config_and_dock_free_ports_and_n
     assert (args.config, args.model, args.dock, args.grpc_port, args.http_port) == (str(resolved), cfg.megatron_training.load, "config", 0, 0)
     # `--dock config` reads the dock from the resolved config: the run's Redis and run id
     joined = load_config(args.config, args.overrides)
-    assert (joined.dock.redis_url, joined.dock.run_id, joined.rollout.omp_threads_bind) == ("redis://127.0.0.1:41234/0", "run-7", "nobind")
-    # cores named in the config stay named
+    assert (joined.dock.redis_url, joined.dock.run_id) == ("redis://127.0.0.1:41234/0", "run-7")
+    # the binding is the run's: with `auto` the replica takes cores no running replica holds (tests/unit/test_core_claims.py)
+    assert joined.rollout.omp_threads_bind == cfg.rollout.omp_threads_bind == "auto"
     named = load_config(str(DEFAULT_CONFIG), ["rollout.omp_threads_bind='0,1'"])
     assert "omp_threads_bind" not in add_replica_command(named, resolved)
