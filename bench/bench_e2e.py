@@ -29,6 +29,12 @@ service's dock calls as if they were on the critical path, so it is an upper bou
     python bench/bench_e2e.py --quick      # 3 iterations (CI)
     python bench/bench_e2e.py              # 14 iterations
     python bench/bench_e2e.py --set "rollout.omp_threads_bind='0'"   # the vLLM engine on core 0 only
+    python bench/bench_e2e.py --compare-replicas 2 --reference   # the iteration with 2 rollout replicas against 1
+
+`--compare-replicas N` also runs `dockrl up` with N rollout replicas and again with 1, alternately
+(--compare-reps times each, the main run counted with the 1-replica runs), and reports the median
+iteration with N against 1: what adding replicas on the same host gives (on 2 cores, two engines
+share the cores the one had, each pinned to its own).
 """
 from __future__ import annotations
 
@@ -194,16 +200,34 @@ def reference_loop(cfg, iters: int, engine: str) -> list[dict[str, float]]:
     return records
 
 
+def compare_replicas(work, iters: int, args, first_iteration: float) -> None:
+    """Runs `dockrl up` with args.compare_replicas rollout replicas and with 1, alternately; prints the medians and their ratio."""
+    count = args.compare_replicas
+    medians: dict[int, list[float]] = {1: [first_iteration], count: []}
+    for rep in range(args.compare_reps):
+        for replicas in (count, 1) if rep < args.compare_reps - 1 else (count,):
+            records = run_up(work / f"replicas{replicas}-{rep}", iters, [*args.overrides, f"rollout.replicas={replicas}"])
+            medians[replicas].append(median([r["timing/iteration_s"] for r in records[args.skip:]]))
+            progress(f"{replicas} replica(s), run {len(medians[replicas])}: median iteration {medians[replicas][-1]:.3f} s")
+    for replicas, values in medians.items():
+        print(f"{replicas} rollout replica(s): median iteration {median(values):.3f} s over {len(values)} run(s) "
+              f"({', '.join(f'{v:.3f}' for v in values)})")
+    ratio(f"iteration time {count} rollout replicas / 1 on this host", median(medians[count]) / median(medians[1]))
+
+
 def main() -> int:
     p = parser(__doc__, "3 iterations (the first skipped), the dock replay 3 times (CI)")
     p.add_argument("--iters", type=int, default=None, help="GRPO iterations (default 14; --quick 3)")
     p.add_argument("--skip", type=int, default=None, help="first iterations left out of the medians (default 2; --quick 1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="one more config override for the dockrl up run, e.g. rollout.omp_threads_bind='0' (repeatable)")
-    p.add_argument("--reference", nargs="+", choices=sorted(REFERENCES), default=["hf", "vllm"],
+    p.add_argument("--reference", nargs="*", choices=sorted(REFERENCES), default=["hf", "vllm"],
                    help="the single-process loops to compare with, one after the other: hf (transformers' generate "
                         "on the trained model) and vllm (vLLM's offline LLM, weights copied in after each update); "
-                        "default both")
+                        "default both; none when given without a value")
+    p.add_argument("--compare-replicas", type=int, default=0, metavar="N",
+                   help="also run with N rollout replicas and with 1, alternately, and report N against 1 (default: not)")
+    p.add_argument("--compare-reps", type=int, default=1, help="runs with N replicas (and as many more with 1) for --compare-replicas (default 1)")
     args = p.parse_args()
     iters = args.iters or (3 if args.quick else 14)
     args.skip = args.skip if args.skip is not None else (1 if args.quick else 2)
@@ -243,6 +267,8 @@ def main() -> int:
     ratio("dock time / iteration time", dock_s / iteration, at_most=DOCK_GOAL)
     tokens = np.median([r["vllm_tps"] for r in records])
     print(f"rollout throughput as the trainer sees it: {tokens:.0f} tokens/s")
+    if args.compare_replicas > 1:
+        compare_replicas(work, iters, args, iteration)
 
     import torch
 
