@@ -25,8 +25,10 @@ from services.common.config import Config, DockConfig
 from services.common.errors import FailedPrecondition, InvalidArgument
 from services.dock import codec
 from services.dock.journal import WriteJournal
+from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout, Keys
 from services.dock.scripts import DockScripts, execute, redis_errors
+from services.dock.timeline import Timeline
 
 _MGET_KEYS = 1000  # keys per MGET when reading claimed rows
 _BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 1.0  # reconnect waits: 0.1 s, doubling up to 1 s
@@ -211,6 +213,20 @@ class Dock:
         """The row indexes of `groups` (n contiguous rows each)."""
         n = self.layout.n_samples_per_prompt
         return [g * n + j for g in groups for j in range(n)]
+
+    def exists(self) -> bool:
+        """True when the run's pool is in Redis (the trainer created it and nobody destroyed it since)."""
+        return bool(self._call(self.client.exists, self.keys.meta))
+
+    # ------------------------------------------------------------ the run's other records
+
+    def registry(self, ttl_s: float) -> ReplicaRegistry:
+        """The run's replica registry; a replica that registers through it leaves it `ttl_s` after its last heartbeat."""
+        return ReplicaRegistry(self.client, self.keys, ttl_s)
+
+    def timeline(self) -> Timeline:
+        """The run's timeline (who worked on what, when)."""
+        return Timeline(self.client, self.keys)
 
     # ------------------------------------------------------------ writes
 
