@@ -42,9 +42,9 @@ def iterations(client: redis.Redis, rows: int, reps: int) -> dict[int, tuple[flo
     writes = {}
     for rep in range(reps + 1):  # the first round warms up
         for k, dock in docks.items():
-            before = dock._writes
+            before = dock.journal.writes
             seconds = dock_iteration(BenchPool(dock, 1, {}), data, claims=8)
-            writes[k] = dock._writes - before
+            writes[k] = dock.journal.writes - before
             if rep:
                 times[k].append(seconds)
     for dock in docks.values():

@@ -59,10 +59,10 @@ def _worker(hf_dir: str, out: str, distributed: bool, updates: int) -> None:
     from services.trainer.modeling.model import ModelLayout, build_model as build_megatron, destroy_parallel, init_parallel
     from services.trainer.modeling.optimizer import build_optimizer
     from services.common.weight_wire import MIB, DictBuckets
-    from services.trainer.weights.gather import gather_hf_weights, stream_hf_weights
+    from services.trainer.weights.gather import stream_hf_weights
 
     sys.path.insert(0, str(REPO / "tests" / "unit"))
-    from trainer_helpers import peak_extra_tensor_bytes
+    from trainer_helpers import gather_hf_weights, peak_extra_tensor_bytes
 
     torch.set_num_threads(1)
     init_parallel(1, 1)

@@ -40,7 +40,7 @@ MIN_RESPONSE = 4
 PARTS = (
     ("services.trainer.loop.session", None, "compute_logprobs", "no-grad log-prob pass"),
     ("services.trainer.algorithm.update", None, "compute_logprobs", "no-grad log-prob pass"),
-    ("services.trainer.modeling.logprobs", "ModelInputs", "run", "model forward"),
+    ("services.trainer.modeling.model_inputs", "ModelInputs", "run", "model forward"),
     ("services.trainer.modeling.attention", "SDPACoreAttention", "forward", "  SDPA core attention (forward)"),
     ("services.trainer.modeling.logprobs", None, "model_inputs", "padding to model inputs"),
     ("services.trainer.modeling.logprobs", None, "response_stats", "log-probs + entropy from logits"),

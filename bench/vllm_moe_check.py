@@ -42,7 +42,8 @@ def trainer_push(hf_dir: pathlib.Path) -> dict[str, torch.Tensor]:
     """What the trainer pushes for `hf_dir`'s weights: megatron model loaded from them, gathered back in HF names."""
     from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
     from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel
-    from services.trainer.weights.gather import gather_hf_weights
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "unit"))
+    from trainer_helpers import gather_hf_weights
 
     init_parallel(1, 1)
     layout = ModelLayout.from_hf_dir(hf_dir)

@@ -1,4 +1,5 @@
-"""The shared bearer token: a gRPC server interceptor and a FastAPI dependency.
+"""The shared bearer token: its check and the gRPC server interceptors that apply it (the rollout's HTTP
+server applies it in services/rollout/http_server.py).
 
 Calls that change weights or data require `authorization: Bearer <token>` when a token is
 configured; with no token configured every call passes (the local default).
@@ -92,14 +93,3 @@ class AsyncTokenInterceptor(grpc.aio.ServerInterceptor):
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(deny)
         return grpc.unary_unary_rpc_method_handler(deny)
-
-
-def fastapi_token_dependency(token: str):
-    """A FastAPI dependency that answers 401 without the token; a no-op when `token` is empty."""
-    from fastapi import HTTPException, Request
-
-    async def require_token(request: Request) -> None:
-        if not token_matches(token, request.headers.get("authorization")):
-            raise HTTPException(status_code=401, detail="this call changes state and needs 'Authorization: Bearer <token>'")
-
-    return require_token

@@ -4,8 +4,9 @@ A push is a sequence of buckets; a bucket is one flat byte string holding severa
 Face names) back to back, each at an 8-byte aligned offset and described by (name, dtype, shape,
 offset, nbytes): proto/rollout.proto's TensorMeta. A bucket travels as WeightChunk messages of at
 most the gRPC message limit. Here: the dtypes a replica serves and their sizes, the tensor spec a
-receiver checks against, bucket slots, bucket planning, packing and unpacking, and the split of a
-bucket into chunks. The receiver's reply is the proto's UpdateWeightsResponse itself.
+receiver checks against, bucket slots, bucket planning, packing, and the split of a bucket into
+chunks (a replica's vLLM workers read the tensors back: rollout/worker_extension.py). The
+receiver's reply is the proto's UpdateWeightsResponse itself.
 """
 from __future__ import annotations
 
@@ -167,18 +168,6 @@ def pack_bucket(tensors: Mapping[str, torch.Tensor], names: Iterable[str], dtype
     slots, nbytes = bucket_slots(tensors, names, dtype)
     flat = pack_into(tensors, slots, torch.zeros(nbytes, dtype=torch.uint8))
     return WeightBucket(flat.numpy().tobytes(), slots)
-
-
-def unpack_bucket(bucket: WeightBucket) -> dict[str, torch.Tensor]:
-    """The tensors of a bucket by name (copies, independent of the bucket's bytes)."""
-    flat = torch.frombuffer(bytearray(bucket.data), dtype=torch.uint8) if bucket.data else torch.empty(0, dtype=torch.uint8)
-    out = {}
-    for s in bucket.tensors:
-        if s.offset + s.nbytes > bucket.nbytes:
-            raise ValueError(f"tensors[{s.name}]: bytes {s.offset}..{s.offset + s.nbytes} lie past the bucket's {bucket.nbytes}")
-        # The copy first: a sender need not align, and view() needs an aligned start.
-        out[s.name] = flat[s.offset: s.offset + s.nbytes].clone().view(torch_dtype(s.dtype)).reshape(s.shape)
-    return out
 
 
 def chunk_messages(bucket: WeightBucket, version: int, bucket_index: int, num_buckets: int, *,

@@ -63,10 +63,8 @@ def _short(value, width: int) -> str:
 
 
 def _print_stats(dock, ttl_s: float, as_json: bool) -> None:
-    from services.dock.registry import ReplicaRegistry
-
     stats = dock.stats()
-    replicas = ReplicaRegistry(dock.client, dock.keys, ttl_s).live()
+    replicas = dock.registry(ttl_s).live()
     if as_json:
         print(json.dumps({**dataclasses.asdict(stats), "replicas": [dataclasses.asdict(r) for r in replicas]}))
         return

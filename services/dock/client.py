@@ -8,15 +8,12 @@ dies loses nothing: its rows return to the pool when the lease expires, and its 
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import ssl
-import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import redis
@@ -25,19 +22,16 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from services.common.config import Config, DockConfig
-from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
+from services.common.errors import FailedPrecondition, InvalidArgument
 from services.dock import codec
+from services.dock.journal import WriteJournal
+from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout, Keys
-from services.dock.scripts import DockScripts, StaleLease, WritesLost, execute, redis_errors
+from services.dock.scripts import DockScripts, execute, redis_errors
+from services.dock.timeline import Timeline
 
 _MGET_KEYS = 1000  # keys per MGET when reading claimed rows
 _BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.05, 1.0  # reconnect waits: 0.1 s, doubling up to 1 s
-# Acknowledged writes a client keeps to put again if a failover loses them. A write leaves the
-# journal once replicas confirm it (dock.min_replicas_acked) or when the journal is full (by count
-# or by the bytes of its values); losing a write older than that is reported, not replayed.
-# Replication lags by milliseconds, so these hold far more than a failover takes back.
-_JOURNAL_WRITES, _JOURNAL_BYTES = 512, 64 * 2**20
-logger = logging.getLogger("dockrl.dock")
 
 
 @dataclass(frozen=True)
@@ -84,35 +78,6 @@ class DockStats:
     def unaccounted_rows(self) -> int:
         """Rows that entered the pool but are neither live, retired after training nor cleared (0 when nothing was lost)."""
         return self.admitted_rows - self.live_rows - self.retired_groups * self.n_samples_per_prompt - self.cleared_rows
-
-
-@dataclass(frozen=True)
-class _Write:
-    """A write the store acknowledged: its ledger number, the script and arguments that apply it again, and what it did."""
-
-    seq: int
-    script: str
-    args: tuple
-    what: str
-    reply: object = None  # compared with the replay's reply where the caller used it (begin_iteration's free groups)
-
-    @property
-    def size(self) -> int:
-        """Bytes of the values it carries (a put's encoded values; other writes carry next to nothing)."""
-        return sum(len(arg) for arg in self.args if isinstance(arg, bytes))
-
-
-class ReplicasBehind(Unavailable):
-    """A write the primary applied but fewer than dock.min_replicas_acked replicas confirmed in time."""
-
-
-@dataclass
-class Recovery:
-    """What one client found and did after a failover lost writes the store had acknowledged to it."""
-
-    lost_writes: int  # acknowledged calls of this client the new primary did not hold
-    replayed: list[str] = field(default_factory=list)  # applied again, in their order ("put rows 8-15 (prompts)")
-    dropped: list[str] = field(default_factory=list)  # could not be: a lost claim's rows another claim took since (they are redone)
 
 
 def token_digest(token: str) -> str:
@@ -197,8 +162,8 @@ def _span(rows: Sequence[int]) -> str:
 class Dock:
     """One run's pool in Redis; use one per process.
 
-    Thread-safe: redis-py pools connections, and writes run one at a time, so the write ledger
-    counts them in the order the store runs them.
+    Thread-safe: redis-py pools connections, and writes run one at a time through `journal`, so the
+    write ledger counts them in the order the store runs them.
     """
 
     def __init__(self, client: redis.Redis, prefix: str = "dockrl", run_id: str = "default", token: str = "",
@@ -207,24 +172,14 @@ class Dock:
         self.client = client
         self.holder = holder  # who claims through this client (a replica id): leading part of its lease ids
         self.keys = Keys(prefix, run_id)
-        self._digest = token_digest(token)
         self._lease_ms = int(lease_seconds * 1000)
         self._poll_s = poll_s
         self._max_memory_bytes = int(max_memory_mb * 2**20)  # 0: no limit of the dock's own (Redis's maxmemory still applies)
-        self._min_replicas = min_replicas_acked
-        self._replica_ack_ms = int(replica_ack_timeout_s * 1000)
         self._scripts = DockScripts(client)
         self._layout: DockLayout | None = None
-        # The write ledger (lua/lib.lua): this client's id, how many of its writes the store ran, and
-        # the journal of those a failover could still lose. One lock keeps the count in the store's order.
-        self.writer = f"{holder.replace(' ', '_') or 'dock'}/{uuid.uuid4().hex[:12]}"
-        self._writes = 0
-        self._journal: deque[_Write] = deque()
-        self._journal_bytes = 0
-        self._journal_floor = 0  # writes up to this number left the journal (confirmed by replicas, or it was full)
-        self._pending: deque[_Write] = deque()  # writes a failover lost, still to be put again (oldest first)
-        self._write_lock = threading.Lock()
-        self.recoveries: list[Recovery] = []  # one per failover that lost writes of this client
+        # Every write goes through the ledger, which puts again what a Redis failover lost (journal.py).
+        self.journal = WriteJournal(self._scripts, self.keys.base, token_digest(token), holder, min_replicas_acked,
+                                    replica_ack_timeout_s)
 
     @classmethod
     def from_config(cls, cfg: Config, token: str = "", redis_url: str | None = None, holder: str = "") -> Dock:
@@ -240,8 +195,8 @@ class Dock:
 
     def create(self, layout: DockLayout) -> None:
         """Makes an empty pool with `layout` (the trainer, once per run); replaces an existing one."""
-        self._write("create", (layout.to_json(), layout.n_samples_per_prompt, layout.capacity_rows, layout.completion_column),
-                    "create")
+        self.journal.write("create", (layout.to_json(), layout.n_samples_per_prompt, layout.capacity_rows,
+                                      layout.completion_column), "create")
         self._layout = layout
 
     @property
@@ -258,6 +213,20 @@ class Dock:
         """The row indexes of `groups` (n contiguous rows each)."""
         n = self.layout.n_samples_per_prompt
         return [g * n + j for g in groups for j in range(n)]
+
+    def exists(self) -> bool:
+        """True when the run's pool is in Redis (the trainer created it and nobody destroyed it since)."""
+        return bool(self._call(self.client.exists, self.keys.meta))
+
+    # ------------------------------------------------------------ the run's other records
+
+    def registry(self, ttl_s: float) -> ReplicaRegistry:
+        """The run's replica registry; a replica that registers through it leaves it `ttl_s` after its last heartbeat."""
+        return ReplicaRegistry(self.client, self.keys, ttl_s)
+
+    def timeline(self) -> Timeline:
+        """The run's timeline (who worked on what, when)."""
+        return Timeline(self.client, self.keys)
 
     # ------------------------------------------------------------ writes
 
@@ -291,10 +260,10 @@ class Dock:
             if name == "prompts" and self.layout.max_prompt_length > 0:
                 self._check_prompt_lengths(blobs[-len(rows):])
         # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
-        self._write("put", (lease.consumer if lease else "", lease.lease_id if lease else "",
-                            "" if version is None else version, int(partial), int(append), self._max_memory_bytes, len(rows),
-                            len(columns), *rows, *described, *blobs),
-                    f"put rows {_span(rows)} ({', '.join(columns)})")
+        self.journal.write("put", (lease.consumer if lease else "", lease.lease_id if lease else "",
+                                   "" if version is None else version, int(partial), int(append), self._max_memory_bytes, len(rows),
+                                   len(columns), *rows, *described, *blobs),
+                           f"put rows {_span(rows)} ({', '.join(columns)})")
         return len(rows)
 
     @staticmethod
@@ -357,10 +326,11 @@ class Dock:
             lease_id = f"{self.holder}/{uuid.uuid4().hex}" if self.holder else uuid.uuid4().hex
             # how long (ms) this claim waits for a wake-up if it finds too few rows; 0: it will not wait
             wait_ms = math.ceil(max(0.0, min(self._poll_s, deadline - time.monotonic())) * 1000)
-            reply = self._write("claim", (consumer, lease_id, self._lease_ms, count, min_count, int(group),
-                                          int(layout.guarantee_order), lo, hi, int(rollout), max_age,
-                                          int(partial and not rollout), len(columns), *columns, len(wanted), *wanted, wait_ms),
-                                "claim", adopt=lambda reply: (consumer, lease_id, reply[2:2 + reply[1]]))
+            reply = self.journal.write("claim", (consumer, lease_id, self._lease_ms, count, min_count, int(group),
+                                                 int(layout.guarantee_order), lo, hi, int(rollout), max_age,
+                                                 int(partial and not rollout), len(columns), *columns, len(wanted), *wanted,
+                                                 wait_ms),
+                                       "claim", replay=lambda reply: self._claim_replay(consumer, lease_id, reply))
             left = deadline - time.monotonic()
             if reply[1] or left <= 0:
                 break
@@ -372,6 +342,13 @@ class Dock:
         values = {name: [None if blob is None else codec.decode(blob) for blob in reply[2 + (2 + c) * rows:2 + (3 + c) * rows]]
                   for c, name in enumerate(wanted)}
         return Claim(Lease(consumer, lease_id, reply[0]), indexes, ages, values)
+
+    def _claim_replay(self, consumer: str, lease_id: str, reply: list) -> tuple[str, tuple, str] | None:
+        """How the journal applies a claim again: the same lease on the rows it took (None: it took none, nothing to redo)."""
+        rows = reply[2:2 + reply[1]]
+        if not rows:
+            return None
+        return "lease", (consumer, lease_id, "adopt", self._lease_ms, *rows), f"claim rows {_span(rows)} of {consumer}"
 
     def _await_wake(self, consumer: str, timeout_s: float) -> None:
         """Waits up to `timeout_s` for a put or release to wake `consumer` (the claim that found
@@ -387,19 +364,20 @@ class Dock:
     def ack(self, lease: Lease, indexes: Sequence[int]) -> None:
         """Ends the lease on rows the consumer is done with and put nothing for (e.g. actor_train)."""
         rows = self._check_indexes(indexes)
-        self._write("lease", (lease.consumer, lease.lease_id, "ack", self._lease_ms, *rows), f"ack rows {_span(rows)} of {lease.consumer}")
+        self.journal.write("lease", (lease.consumer, lease.lease_id, "ack", self._lease_ms, *rows),
+                           f"ack rows {_span(rows)} of {lease.consumer}")
 
     def release(self, lease: Lease, indexes: Sequence[int]) -> None:
         """Gives claimed rows back to the pool unprocessed (a worker shutting down)."""
         rows = self._check_indexes(indexes)
-        self._write("lease", (lease.consumer, lease.lease_id, "release", self._lease_ms, *rows),
-                    f"release rows {_span(rows)} of {lease.consumer}")
+        self.journal.write("lease", (lease.consumer, lease.lease_id, "release", self._lease_ms, *rows),
+                           f"release rows {_span(rows)} of {lease.consumer}")
 
     def renew(self, lease: Lease, indexes: Sequence[int]) -> int:
         """Moves the lease's deadline on these rows to now + lease_seconds; returns the new deadline (ms)."""
         rows = self._check_indexes(indexes)
-        return self._write("lease", (lease.consumer, lease.lease_id, "renew", self._lease_ms, *rows),
-                           f"renew rows {_span(rows)} of {lease.consumer}")
+        return self.journal.write("lease", (lease.consumer, lease.lease_id, "renew", self._lease_ms, *rows),
+                                  f"renew rows {_span(rows)} of {lease.consumer}")
 
     def begin_iteration(self, target_groups: int, trained_by: str = "actor_train") -> list[int]:
         """Drops the groups `trained_by` finished, keeps unfinished ones (with their ages) and returns the free group slots.
@@ -411,15 +389,16 @@ class Dock:
         capacity = self.layout.capacity_groups
         if not 1 <= target_groups <= capacity:
             raise InvalidArgument("target_groups", f"must be in [1, capacity_groups={capacity}], got {target_groups!r}")
-        return self._write("begin_iteration", (trained_by, target_groups), f"begin_iteration({target_groups})", keep_reply=True)[1:]
+        return self.journal.write("begin_iteration", (trained_by, target_groups), f"begin_iteration({target_groups})",
+                                  keep_reply=True)[1:]
 
     def clear(self) -> None:
         """Empties the pool (rows, flags, leases, ages); the layout and the token stay."""
-        self._write("clear", ("pool",), "clear")
+        self.journal.write("clear", ("pool",), "clear")
 
     def destroy(self) -> None:
         """Deletes every key of the run, layout included (the run is over)."""
-        self._write("clear", ("all",), "destroy")
+        self.journal.write("clear", ("all",), "destroy")
         self._layout = None
 
     def enable_durability(self) -> None:
@@ -446,7 +425,7 @@ class Dock:
 
     def set_policy_version(self, version: int) -> None:
         """Records the policy version the trainer is collecting samples for (the trainer, each iteration)."""
-        self._write("set_version", (int(version),), f"set_policy_version({version})")
+        self.journal.write("set_version", (int(version),), f"set_policy_version({version})")
 
     def policy_version(self) -> int:
         """The version set by set_policy_version (0 before the first); rollout replicas behind it wait for weights."""
@@ -545,106 +524,6 @@ class Dock:
 
     def _run(self, script: str, *args):
         return self._scripts.run(script, self.keys.base, *args)
-
-    def _write(self, script: str, args: tuple, what: str, *, keep_reply: bool = False, adopt=None):
-        """Runs a script that changes the pool under this client's write ledger; returns its reply.
-
-        The store counts this client's writes (lua/lib.lua). When it holds fewer than it
-        acknowledged, a failover lost the rest: they are put again from the journal, in their
-        order, before this call runs (_take_back, _replay_pending). `adopt` turns a claim's reply
-        into the (consumer, lease id, rows) a replay leases again; `keep_reply` keeps the reply to
-        compare with the replay's.
-        """
-        with self._write_lock:
-            while True:
-                try:
-                    self._replay_pending()
-                    return self._write_once(script, args, what, keep_reply, adopt)
-                except WritesLost as lost:
-                    self._take_back(lost.stored)
-
-    def _write_once(self, script: str, args: tuple, what: str, keep_reply: bool, adopt) -> object:
-        """One writing call: counts it and journals it once the store ran it (WritesLost: the store lost earlier ones).
-
-        With dock.min_replicas_acked it also waits for that many replicas to hold it, and raises
-        ReplicasBehind (an Unavailable; the write stays in the journal) when they do not in time.
-        """
-        caller = f"{self._digest} {self.writer} {self._writes}"
-        if self._min_replicas:
-            reply, acked = self._scripts.run_acked(script, self.keys.base, self._min_replicas, self._replica_ack_ms, caller, *args)
-        else:
-            reply, acked = self._run(script, caller, *args), 0
-        self._writes += 1
-        if self._min_replicas and acked >= self._min_replicas:
-            # Replication is ordered: every earlier write is on those replicas too. Should a failover
-            # still lose one (a replica that did not confirm was promoted), _take_back reports it.
-            self._journal.clear()
-            self._journal_bytes, self._journal_floor = 0, self._writes
-        elif script != "claim" or reply[1]:  # an empty claim changed nothing worth putting again
-            if script == "claim":
-                consumer, lease_id, rows = adopt(reply)
-                entry = _Write(self._writes, "lease", (consumer, lease_id, "adopt", self._lease_ms, *rows),
-                               f"claim rows {_span(rows)} of {consumer}")
-            else:
-                entry = _Write(self._writes, script, args, what, reply if keep_reply else None)
-            self._journal.append(entry)
-            self._journal_bytes += entry.size
-            while len(self._journal) > _JOURNAL_WRITES or (self._journal_bytes > _JOURNAL_BYTES and len(self._journal) > 1):
-                dropped = self._journal.popleft()
-                self._journal_floor, self._journal_bytes = dropped.seq, self._journal_bytes - dropped.size
-        if self._min_replicas and acked < self._min_replicas:
-            raise ReplicasBehind(f"redis: {what} was applied on the primary, but only {acked} of dock.min_replicas_acked="
-                                 f"{self._min_replicas} replicas confirmed it within dock.replica_ack_timeout_s="
-                                 f"{self._replica_ack_ms / 1000:g}; a failover now could lose it")
-        return reply
-
-    def _take_back(self, stored: int) -> None:
-        """Moves the writes the store acknowledged after its `stored`-th one, and lost, from the journal to the replay queue.
-
-        Raises when some of them are older than the journal: they cannot be put again.
-        """
-        if stored < self._journal_floor:
-            raise FailedPrecondition(f"a Redis failover lost writes {stored + 1}..{self._writes} of dock writer {self.writer}, "
-                                     f"older than the journal this client keeps (writes after number {self._journal_floor}); "
-                                     "the run's pool is no longer what its workers were told (resume the trainer from its "
-                                     "checkpoint on a new dock)")
-        lost = [write for write in self._journal if write.seq > stored]
-        self._journal = deque(write for write in self._journal if write.seq <= stored)
-        self._journal_bytes = sum(write.size for write in self._journal)
-        # Writes still waiting from an earlier failover came before none of these: these go first.
-        self._pending.extendleft(reversed(lost))
-        self.recoveries.append(Recovery(self._writes - stored))
-        self._writes = stored
-        logger.warning("dock writer %s: a Redis failover lost %d acknowledged writes; putting %d of them again",
-                       self.writer, self.recoveries[-1].lost_writes, len(lost))
-
-    def _replay_pending(self) -> None:
-        """Puts the writes a failover lost again, oldest first; each leaves the queue once it is applied or refused.
-
-        A claim comes back as the same lease on the same rows (refused when another claim took a
-        row since: those rows are then redone, and this client's put under that lease is refused
-        as after an expired lease). A replay the replicas do not confirm in time is applied all
-        the same (this call then says so). Raises when begin_iteration gives other free groups than
-        it did the first time; any other error leaves the rest queued for the next call.
-        """
-        while self._pending:
-            write = self._pending[0]
-            recovery = self.recoveries[-1]
-            try:
-                reply = self._write_once(write.script, write.args, write.what, write.reply is not None, None)
-            except StaleLease as exc:
-                recovery.dropped.append(f"{write.what}: {exc}")
-            except ReplicasBehind:
-                recovery.replayed.append(write.what)
-            else:
-                if write.reply is not None and reply != write.reply:
-                    raise FailedPrecondition(f"a Redis failover lost {write.what}, and putting it again gave {reply!r} "
-                                             f"instead of {write.reply!r}; resume the trainer from its checkpoint on a new dock")
-                recovery.replayed.append(write.what)
-            self._pending.popleft()
-            if not self._pending:
-                logger.warning("dock writer %s after the failover: replayed %s; dropped %s", self.writer, recovery.replayed,
-                               recovery.dropped)
 
     @staticmethod
     def _call(fn, *args):

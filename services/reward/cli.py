@@ -150,11 +150,10 @@ def _remote_model(cfg, wanted: bool):
         return
     from services.common.auth import resolve_token
     from services.dock.client import Dock
-    from services.dock.registry import ReplicaRegistry
     from services.reward.client import RemoteRewardModel
 
     dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
-    with RemoteRewardModel(ReplicaRegistry(dock.client, dock.keys)) as remote:
+    with RemoteRewardModel(dock.registry(cfg.rollout.heartbeat_ttl_s)) as remote:
         yield remote
 
 

@@ -37,10 +37,6 @@ class RewardClient:
             for r in response.results
         ]
 
-    def list_verifiers(self) -> list[reward_pb2.VerifierInfo]:
-        """The verifiers the server knows, with descriptions and timeout scores."""
-        return list(self._stub.ListVerifiers(reward_pb2.ListVerifiersRequest(), timeout=self._timeout_s).verifiers)
-
     def close(self) -> None:
         """Closes the channel."""
         self._channel.close()

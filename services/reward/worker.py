@@ -33,8 +33,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument, Unavaila
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.dock.client import Claim, Dock
-from services.dock.registry import ReplicaRegistry
-from services.dock.timeline import Span, Timeline
+from services.dock.timeline import Span
 from services.dock.scripts import StaleLease
 from services.reward.decoding import ResponseDecoder
 from services.reward.model import MODEL_VERIFIER, RewardModelScorer
@@ -89,7 +88,7 @@ class RewardWorker:
         self.split = split and plan.uses_model
         self.consumer = MODEL_CONSUMER if kind == "model" else CONSUMER
         self.replica_id = dock.holder or f"reward-{uuid.uuid4().hex[:8]}"
-        self.timeline = Timeline(dock.client, dock.keys)
+        self.timeline = dock.timeline()
         self.profiler = ScoringProfiler(ProfilerConfig(), pathlib.Path())  # off; from_config gives the run's
 
     @classmethod
@@ -191,7 +190,7 @@ class RewardWorker:
         """Steps until `stop` is set, logging rows/s, the mean score and each part's mean
         (`{name}_rewards/mean`) over the rows of every 10 s, and of the rows since then when it stops;
         registered as a `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
-        registry = ReplicaRegistry(self.dock.client, self.dock.keys, heartbeat_ttl_s)
+        registry = self.dock.registry(heartbeat_ttl_s)
         replica_id = self.replica_id
         last_beat = -float("inf")  # register on the first pass
         window = _Window(time.monotonic())

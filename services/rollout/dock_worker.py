@@ -37,7 +37,7 @@ from services.common.errors import DockrlError, InvalidArgument, NotFound, Resou
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.common.sample import FinishReason
-from services.dock.timeline import Span, Timeline
+from services.dock.timeline import Span
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.profiling import EngineProfiler
 from services.rollout.routing_recorder import RECORD_PREFIX
@@ -104,7 +104,7 @@ class DockWorker:
         self.engine = engine
         self.dock = dock
         self.registry = registry
-        self.timeline = Timeline(dock.client, dock.keys)
+        self.timeline = dock.timeline()
         self.cfg = cfg
         self.address = address
         self.max_tokens = cfg.generate_config.sampling_config.max_tokens

@@ -207,9 +207,8 @@ async def _drain(engine: RolloutEngine, health, worker_task: asyncio.Task | None
 
 def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str, address: str):
     from services.dock.client import Dock
-    from services.dock.registry import ReplicaRegistry
     from services.rollout.dock_worker import DockWorker
 
     dock = Dock.from_config(cfg, token=token, redis_url=None if redis_url == "config" else redis_url, holder=engine.replica_id)
-    registry = ReplicaRegistry(dock.client, dock.keys, cfg.rollout.heartbeat_ttl_s)
+    registry = dock.registry(cfg.rollout.heartbeat_ttl_s)
     return DockWorker(engine, dock, registry, cfg, address)

@@ -23,8 +23,9 @@ import yaml
 
 from services.common.config import config_from_dict
 from services.common.errors import FailedPrecondition, Unavailable
-from services.dock import client as client_module
-from services.dock.client import Dock, ReplicasBehind
+from services.dock import journal as journal_module
+from services.dock.client import Dock
+from services.dock.journal import ReplicasBehind
 from services.dock.scripts import StaleLease
 from services.dock.schema import DockLayout
 from tests.conftest import free_port, redis_answers, start_redis_server, stop_redis_server
@@ -245,7 +246,7 @@ def test_a_failover_that_loses_writes_is_detected_and_they_are_put_again(sentine
     assert roles.rollout.read([24], ["responses"])["responses"][0].tolist() == [25]
     assert roles.trainer.client.connection_pool.get_master_address() == ("127.0.0.1", sentinel_set.replica_port)
     # What each client lost and put again, in its order, and what it had to drop.
-    lost = {role: [(r.lost_writes, r.replayed, r.dropped) for r in dock.recoveries] for role, dock in docks.items()}
+    lost = {role: [(r.lost_writes, r.replayed, r.dropped) for r in dock.journal.recoveries] for role, dock in docks.items()}
     assert lost == {
         "trainer": [(3, ["put rows 16-31 (prompts, labels)", "claim rows 8-15 of actor_train", "ack rows 8-15 of actor_train"], [])],
         "rollout-0": [(2, ["put rows 8-15 (responses)", "claim rows 16-23 of actor_rollout"], [])],
@@ -280,8 +281,8 @@ def test_with_min_replicas_acked_no_acknowledged_write_is_lost(sentinel_set, tmp
     roles.finish()
     _assert_each_row_once(roles)
     # Only the write the trainer was told had failed was missing, and it was put again; the workers lost nothing.
-    assert [(r.lost_writes, r.replayed) for r in roles.trainer.recoveries] == [(1, ["put rows 16-31 (prompts, labels)"])]
-    assert roles.rollout.recoveries == [] and roles.reward.recoveries == []
+    assert [(r.lost_writes, r.replayed) for r in roles.trainer.journal.recoveries] == [(1, ["put rows 16-31 (prompts, labels)"])]
+    assert roles.rollout.journal.recoveries == [] and roles.reward.journal.recoveries == []
     # `dockrl dock stats` with the same config asks the sentinels too, and finds the promoted primary.
     config = tmp_path / "dock.yaml"
     config.write_text(yaml.safe_dump({"rl_config": {"n_samples_per_prompt": N},
@@ -294,18 +295,18 @@ def test_with_min_replicas_acked_no_acknowledged_write_is_lost(sentinel_set, tmp
 
 def test_a_loss_older_than_the_journal_is_reported_not_skipped(dock_factory, monkeypatch):
     """The ledger set back as a failover would set it, on one Redis: lost writes the journal no longer holds fail the call."""
-    monkeypatch.setattr(client_module, "_JOURNAL_WRITES", 2)
+    monkeypatch.setattr(journal_module, "_JOURNAL_WRITES", 2)
     dock = dock_factory(DockLayout(n_samples_per_prompt=2, capacity_groups=4))  # write 1: create
     for group in range(3):  # writes 2-4; the journal keeps the last two
         dock.put(dock.rows_of([group]), {"prompts": [[group]] * 2})
-    dock.client.hset(dock.keys.base + "writers", dock.writer, 1)  # the store now holds write 1 only
+    dock.client.hset(dock.keys.base + "writers", dock.journal.writer, 1)  # the store now holds write 1 only
     with pytest.raises(FailedPrecondition, match=r"lost writes 2\.\.4 of dock writer dock/\w+, older than the journal this client "
                                                  r"keeps \(writes after number 2\)"):
         dock.put(dock.rows_of([3]), {"prompts": [[3]] * 2})
-    dock.client.hset(dock.keys.base + "writers", dock.writer, 3)  # only write 4 lost: it is in the journal and put again
+    dock.client.hset(dock.keys.base + "writers", dock.journal.writer, 3)  # only write 4 lost: it is in the journal and put again
     dock.client.delete(dock.keys.value("prompts", 4), dock.keys.value("prompts", 5))
     dock.put(dock.rows_of([3]), {"prompts": [[3]] * 2})
-    assert [(r.lost_writes, r.replayed) for r in dock.recoveries] == [(1, ["put rows 4-5 (prompts)"])]
+    assert [(r.lost_writes, r.replayed) for r in dock.journal.recoveries] == [(1, ["put rows 4-5 (prompts)"])]
     assert [v.tolist() for v in dock.read([4, 5], ["prompts"])["prompts"]] == [[2], [2]]
 
 
@@ -318,11 +319,11 @@ def test_unconfirmed_replays_are_applied_and_the_call_still_says_unconfirmed(red
             dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=4))
         with pytest.raises(ReplicasBehind, match="put rows 0-1"):
             dock.put([0, 1], {"prompts": [[0]] * 2})
-        client.hset(dock.keys.base + "writers", dock.writer, 1)  # as a failover would leave it: the put is gone
+        client.hset(dock.keys.base + "writers", dock.journal.writer, 1)  # as a failover would leave it: the put is gone
         client.delete(dock.keys.value("prompts", 0), dock.keys.value("prompts", 1))
         with pytest.raises(ReplicasBehind, match="put rows 2-3"):
             dock.put([2, 3], {"prompts": [[2]] * 2})
-        assert [(r.lost_writes, r.replayed) for r in dock.recoveries] == [(1, ["put rows 0-1 (prompts)"])]
+        assert [(r.lost_writes, r.replayed) for r in dock.journal.recoveries] == [(1, ["put rows 0-1 (prompts)"])]
         assert [v.tolist() for v in dock.read([0, 1, 2, 3], ["prompts"])["prompts"]] == [[0], [0], [2], [2]]
     finally:
         for key in client.scan_iter(dock.keys.pattern):

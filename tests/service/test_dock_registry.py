@@ -1,4 +1,5 @@
-"""The replica registry against a real Redis: heartbeats keep replicas listed, silence drops them."""
+"""The replica registry against a real Redis: heartbeats keep replicas listed, silence drops them; a Dock hands out its
+run's registry and timeline."""
 import time
 
 import pytest
@@ -6,7 +7,8 @@ import redis
 
 from services.common.errors import InvalidArgument, NotFound
 from services.dock.registry import ReplicaRegistry
-from services.dock.schema import Keys
+from services.dock.schema import DockLayout, Keys
+from services.dock.timeline import Span, Timeline
 
 pytestmark = pytest.mark.service
 
@@ -42,3 +44,16 @@ def test_registration_is_per_run(registry, redis_url):
     assert other_run.live() == []
     with pytest.raises(InvalidArgument, match="address: '' must be a non-empty string"):
         registry.register("rollout-c", "", "rollout")
+
+
+def test_a_dock_gives_its_runs_registry_timeline_and_whether_the_pool_exists(dock_factory):
+    dock = dock_factory()
+    assert not dock.exists()
+    dock.create(DockLayout(n_samples_per_prompt=2, capacity_groups=2))
+    assert dock.exists()
+    dock.registry(ttl_s=TTL_S).register("rollout-a", "127.0.0.1:50051", "rollout")
+    assert [r.replica_id for r in ReplicaRegistry(dock.client, dock.keys, ttl_s=TTL_S).live()] == ["rollout-a"]
+    dock.timeline().record(Span("rollout-a", "generate", 1.0, 2.0, rows=4))
+    assert Timeline(dock.client, dock.keys).spans() == [Span("rollout-a", "generate", 1.0, 2.0, 4)]
+    dock.destroy()
+    assert not dock.exists()

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "unit"))
-from trainer_helpers import megatron_tp1, tiny_hf_model  # noqa: E402
+from trainer_helpers import gather_hf_weights, megatron_tp1, tiny_hf_model  # noqa: E402
 from test_trainer_weight_push import logprob_diff, sample  # noqa: E402
 
 from services.trainer.weights.collective_push import CollectiveSender  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
 from services.trainer.weights.weight_push import push_weights  # noqa: E402
 
 pytestmark = pytest.mark.service

@@ -19,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update  # noqa: E402
-from trainer_helpers import random_batch, response_nll  # noqa: E402
+from trainer_helpers import gather_hf_weights, random_batch, response_nll  # noqa: E402
 
 from services.common.config import MegatronTrainingConfig  # noqa: E402
 from services.trainer.algorithm.advantages import group_norm_advantages  # noqa: E402
@@ -30,7 +30,6 @@ from services.trainer.modeling.checkpoint_convert import load_hf_into_model, loa
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, model_inputs, run_micro_batches  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
 
 # Lengths 7..13: under CP 2 every sequence is padded to a multiple of 4, some by 3 positions.
 BATCH = dict(seed=5, prompt_lengths=[3, 5, 2, 4, 6, 3], response_lengths=[4, 2, 9, 5, 7, 6])

@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from trainer_helpers import random_batch  # noqa: E402
+from trainer_helpers import gather_hf_weights, random_batch  # noqa: E402
 
 from services.common.config import MegatronTrainingConfig  # noqa: E402
 from services.trainer.algorithm.advantages import group_norm_advantages  # noqa: E402
@@ -27,7 +27,6 @@ from services.trainer.modeling.checkpoint_convert import load_hf_into_model, loa
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
 
 N = 4  # samples per prompt: 12 samples are 3 groups
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0])

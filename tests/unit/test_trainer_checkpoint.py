@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 import torch
-from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
+from trainer_helpers import gather_hf_weights, megatron_tp1, random_batch, tiny_hf_model
 
 from services.common.config import MegatronTrainingConfig
 from services.trainer.algorithm.advantages import group_norm_advantages
@@ -72,7 +72,6 @@ def test_an_rl_checkpoint_exports_to_a_hugging_face_model_with_the_trained_weigh
 
     from services.trainer.modeling.checkpoint_convert import convert_megatron_to_hf
     from services.trainer.modeling.model import ModelLayout
-    from services.trainer.weights.gather import gather_hf_weights
 
     model, optimizer, batch = make_run(hf_dir)
     update_policy(model, optimizer, batch, CFG, 0)

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import torch
 from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update
-from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model, torchrun_ranks
+from trainer_helpers import gather_hf_weights, megatron_tp1, random_batch, tiny_hf_model, torchrun_ranks
 from virtual_pipeline_worker import DYNAMIC, VPP_BATCH, vpp_optimizer, vpp_update
 
 from services.trainer.algorithm.critic import build_critic, compute_values
@@ -16,7 +16,6 @@ from services.trainer.modeling.checkpoint_convert import (MEGATRON_FILE, convert
                                                           megatron_to_hf)
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, run_micro_batches
 from services.trainer.modeling.model import ModelLayout
-from services.trainer.weights.gather import gather_hf_weights
 
 WORKER = pathlib.Path(__file__).with_name("virtual_pipeline_worker.py")
 

@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 import torch
-from trainer_helpers import megatron_tp1, tiny_hf_model, torchrun_ranks
+from trainer_helpers import gather_hf_weights, megatron_tp1, tiny_hf_model, torchrun_ranks
 
 from services.common.weight_wire import MIB
 from services.trainer.modeling.checkpoint_convert import load_hf_state
@@ -42,8 +42,6 @@ def test_streamed_buckets_are_the_checkpoint_and_hold_about_one_bucket(tmp_path,
 def test_the_whole_gather_is_a_copy_that_a_later_step_does_not_move(tmp_path):
     """Tests and checks keep gather_hf_weights' dict across updates: at TP 1 the tensors it passes through unconverted
     (norms, biases) must not be the model's own, or the next optimizer step would change the kept copy too."""
-    from services.trainer.weights.gather import gather_hf_weights
-
     model, layout = megatron_tp1(tiny_hf_model(tmp_path / "hf"))
     kept = gather_hf_weights(model, layout)
     before = {name: t.clone() for name, t in kept.items()}
@@ -56,7 +54,7 @@ def test_the_whole_gather_is_a_copy_that_a_later_step_does_not_move(tmp_path):
 def test_a_later_push_keeps_the_plan_and_streams_the_current_weights(tmp_path):
     """The session plans the push once (HfWeightStream.over): a later stream has the same buckets and carries the
     weights as they are now, even a parameter whose storage was replaced; another model's tensors are refused."""
-    from services.trainer.weights.gather import gather_hf_weights, model_state, stream_hf_weights
+    from services.trainer.weights.gather import model_state, stream_hf_weights
 
     model, layout = megatron_tp1(tiny_hf_model(tmp_path / "hf"))
     first = stream_hf_weights(model, layout, BUCKET_MB)

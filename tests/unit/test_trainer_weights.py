@@ -4,14 +4,25 @@ import time
 
 import pytest
 import torch
-from trainer_helpers import megatron_tp1, tiny_hf_model
+from trainer_helpers import gather_hf_weights, megatron_tp1, tiny_hf_model
 
 from services.trainer.modeling.checkpoint_convert import load_hf_state
 from services.common.weight_wire import (MIB, TensorSlot, WeightBucket, bucket_slots, chunk_messages, pack_bucket, pack_into,
-                                         plan_buckets, unpack_bucket)
-from services.trainer.weights.gather import gather_hf_weights
+                                         plan_buckets, torch_dtype)
 from services.trainer.weights.collective_push import CollectiveSender
 from services.trainer.weights.weight_push import push_weights
+
+
+def unpack_bucket(bucket: WeightBucket) -> dict[str, torch.Tensor]:
+    """The tensors of a bucket by name (copies, independent of its bytes): how these tests read the wire format back."""
+    flat = torch.frombuffer(bytearray(bucket.data), dtype=torch.uint8) if bucket.data else torch.empty(0, dtype=torch.uint8)
+    out = {}
+    for s in bucket.tensors:
+        if s.offset + s.nbytes > bucket.nbytes:
+            raise ValueError(f"tensors[{s.name}]: bytes {s.offset}..{s.offset + s.nbytes} lie past the bucket's {bucket.nbytes}")
+        # The copy first: a sender need not align, and view() needs an aligned start.
+        out[s.name] = flat[s.offset: s.offset + s.nbytes].clone().view(torch_dtype(s.dtype)).reshape(s.shape)
+    return out
 
 
 def mixed_tensors() -> dict[str, torch.Tensor]:

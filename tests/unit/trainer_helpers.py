@@ -1,5 +1,6 @@
-"""Shared pieces of the trainer tests: a tiny HF model with informative weights, random batches, torchrun ranks, and the
-measure of tensor memory a streamed weight gather holds (bench/bench_trainer.py uses it too)."""
+"""Shared pieces of the trainer tests: a tiny HF model with informative weights, random batches, torchrun ranks, the
+whole model gathered in HF names (a push streams it instead), and the measure of tensor memory a streamed weight gather
+holds (bench/bench_trainer.py uses the last two too)."""
 from __future__ import annotations
 
 import gc
@@ -15,6 +16,10 @@ import torch
 from services.common.config import InitModelConfig
 from services.common.tiny_model import build_tiny_model
 from services.trainer.modeling.logprobs import ResponseBatch
+from services.trainer.weights.gather import HfWeightStream, model_state
+
+# gather_hf_tensors merges every bucket, so their size only sets how often the merge happens
+WHOLE_GATHER_BUCKET_MB = 64
 
 
 def tiny_hf_model(out_dir: pathlib.Path, tie_word_embeddings: bool = False, seed: int = 0, architecture: str = "qwen2",
@@ -156,3 +161,18 @@ def chosen_experts(model, batch: ResponseBatch, packed: bool) -> tuple[torch.Ten
     width = ids.size(0) // batch.size
     rows = ids.view(width, batch.size, *ids.shape[1:]).transpose(0, 1)  # [S, b] S-major -> [b, S]
     return logp, [rows[i, :n] for i, n in enumerate(lengths)]
+
+
+def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
+    """The full model in HF names on every rank (tests and checks that compare whole models; a push streams instead)."""
+    return gather_hf_tensors(model_state(model), layout)
+
+
+def gather_hf_tensors(state: dict[str, torch.Tensor], layout) -> dict[str, torch.Tensor]:
+    """`state` (this rank's tensors by megatron name: its weights, or gradients) gathered from every rank into HF names.
+
+    Copies, never the live tensors: a tensor the stream passes through unconverted (a norm, a router at TP 1) would
+    otherwise move with the next optimizer step in the caller's dict."""
+    live = {t.data_ptr() for t in state.values()}
+    return {name: t.clone() if t.data_ptr() in live else t
+            for bucket in HfWeightStream(state, layout, WHOLE_GATHER_BUCKET_MB) for name, t in bucket.items()}

@@ -14,14 +14,13 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from trainer_helpers import random_batch  # noqa: E402
+from trainer_helpers import gather_hf_weights, random_batch  # noqa: E402
 
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, model_inputs, run_micro_batches  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
 from services.trainer.algorithm.update import update_policy  # noqa: E402
 from services.trainer.modeling.optimizer import build_optimizer  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights  # noqa: E402
 
 PARITY_BATCH = dict(seed=3, prompt_lengths=[3, 5, 2], response_lengths=[4, 2, 6])
 

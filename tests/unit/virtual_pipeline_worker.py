@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from critic_parallel_worker import CRITIC_BATCH, FORWARD, parity_critic_update  # noqa: E402
-from trainer_helpers import random_batch  # noqa: E402
+from trainer_helpers import gather_hf_weights, random_batch  # noqa: E402
 
 from services.trainer.algorithm.critic import build_critic, compute_values  # noqa: E402
 
@@ -25,7 +25,7 @@ from services.trainer.modeling.checkpoint import TrainState, load_checkpoint, sa
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.modeling.logprobs import ForwardConfig, compute_logprobs, run_micro_batches  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights, stream_hf_weights  # noqa: E402
+from services.trainer.weights.gather import stream_hf_weights  # noqa: E402
 
 # Four samples of different lengths: one per micro-batch (padded) and two per micro-batch (packed), both multiples of PP.
 VPP_BATCH = dict(seed=5, prompt_lengths=[3, 5, 2, 4], response_lengths=[4, 2, 6, 3])

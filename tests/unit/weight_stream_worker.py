@@ -14,12 +14,12 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from trainer_helpers import peak_extra_tensor_bytes  # noqa: E402
+from trainer_helpers import gather_hf_weights, peak_extra_tensor_bytes  # noqa: E402
 
 from services.common.weight_wire import DictBuckets  # noqa: E402
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state  # noqa: E402
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel  # noqa: E402
-from services.trainer.weights.gather import gather_hf_weights, stream_hf_weights  # noqa: E402
+from services.trainer.weights.gather import stream_hf_weights  # noqa: E402
 
 
 def main() -> None:

@@ -61,10 +61,6 @@ class TrainerControl:
             if version is not None:
                 self._version = version
 
-    def record_push(self, version: int) -> None:
-        with self._lock:
-            self._version = version
-
     def pause(self) -> None:
         """The driver stops at its next wait_while_paused()."""
         self._resumed.clear()

@@ -19,9 +19,8 @@ from services.common.log import log_event
 from services.common.weight_wire import BucketSource
 from services.common.prompt_file import OVER_MAX_PROMPT_LENGTH, PromptFile, read_prompt_file
 from services.dock.client import Dock
-from services.dock.registry import ReplicaRegistry
 from services.dock.schema import DockLayout
-from services.dock.timeline import Span, Timeline
+from services.dock.timeline import Span
 from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ScoredBatch, ack_batch, collect_iteration
 from services.trainer.loop.prompt_stream import PromptStream
 from services.trainer.weights.rollout_sync import ReplicaSync
@@ -67,14 +66,14 @@ class RunLeader:
         self.data_report = {name: file.report() for name, file in data.items()}
         self.token = token
         self.dock = Dock.from_config(cfg, token=token)
-        if not resume or not self.dock.client.exists(self.dock.keys.meta):
+        if not resume or not self.dock.exists():
             self.dock.create(DockLayout.from_config(cfg))
         self.stream = PromptStream.from_config(prompts, cfg)
         self.stream.state.cursor = prompt_cursor
         self.eval_sets = {name: file.records for name, file in data.items() if name != TRAIN_SET}
         self.run_log = RunLog.from_config(cfg)
-        self.sync = ReplicaSync(cfg, ReplicaRegistry(self.dock.client, self.dock.keys, cfg.rollout.heartbeat_ttl_s), token)
-        self.timeline = Timeline(self.dock.client, self.dock.keys)
+        self.sync = ReplicaSync(cfg, self.dock.registry(cfg.rollout.heartbeat_ttl_s), token)
+        self.timeline = self.dock.timeline()
         self.accounting = RunAccounting()
         self.held: HeldBatch | None = None  # the iteration's batch, from collect to publish
         # The model's weights streamed afresh, every rank taking part, for replicas that lack the version it serves

@@ -10,7 +10,6 @@ log-probs and entropy are gathered whole before the responses' are picked out.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -21,7 +20,9 @@ import torch.nn.functional as F
 from services.trainer.modeling import context_parallel
 from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
 from services.trainer.modeling.model import compute_device
-from services.trainer.modeling.routing_replay import replaying, token_routing
+from services.trainer.modeling.model_inputs import ModelInputs, packed_params, padded_inputs
+from services.trainer.modeling.pipeline import pipelined_micro_batches
+from services.trainer.modeling.routing_replay import token_routing
 
 
 @dataclass(frozen=True)
@@ -183,27 +184,6 @@ def positions_predicting_responses(batch: ResponseBatch, starts: list[int]) -> t
     return torch.cat(rows), torch.cat(cols)
 
 
-@dataclass(frozen=True)
-class ModelInputs:
-    """One micro-batch as the GPTModel takes it, and where each sample starts in the flattened output."""
-
-    tokens: torch.Tensor  # [b, S] padded, or [1, T] packed
-    positions: torch.Tensor  # same shape as tokens
-    attention_mask: torch.Tensor | None  # [1, 1, S, S] causal (True = masked); None when packed
-    packed_seq_params: object | None  # megatron PackedSeqParams (THD) when packed
-    starts: list[int]  # flat offset of each sample's first token (in the whole, CP-padded layout)
-    hidden_shape: tuple[int, int]  # (S, b) or (T, 1): the activations passed between pipeline stages
-    labels: torch.Tensor | None = None  # under CP: the token each of this rank's positions predicts
-    cp_index: torch.Tensor | None = None  # under CP: [CP, n] the flat positions (within a row) each CP rank holds
-    routing: torch.Tensor | None = None  # routing replay: [S * b or T, MoE layers, top_k] experts per token, router order
-
-    def run(self, model) -> torch.Tensor:
-        """The model's output: logits [b, S, V] on the last pipeline stage, hidden states elsewhere."""
-        replay = contextlib.nullcontext() if self.routing is None else replaying(model, self.routing.to(self.tokens.device))
-        with replay:
-            return model(self.tokens, self.positions, self.attention_mask, packed_seq_params=self.packed_seq_params)
-
-
 def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
     """The padded (causal mask) or packed (THD, per-sample causal) inputs of a micro-batch; under context
     parallel this CP rank's share of them, each sequence (packed) or row (padded) padded to a multiple of 2 * CP."""
@@ -224,15 +204,6 @@ def model_inputs(batch: ResponseBatch, packed: bool) -> ModelInputs:
         tokens = F.pad(batch.tokens[:, : max(lengths)], (0, width - max(lengths))).to(device)
         inputs = padded_inputs(tokens, batch.size, _routing(batch, lengths, width))
     return inputs if cp == 1 else _context_parallel_share(inputs, padded, cp_rank, cp)
-
-
-def padded_inputs(tokens: torch.Tensor, samples: int, routing: torch.Tensor | None = None) -> ModelInputs:
-    """Right-padded rows `tokens` [rows, width], the first `samples` of them real, as the model takes them: positions
-    0..width-1 in every row, one causal mask, each sample starting at its row."""
-    rows, width = tokens.shape
-    positions = torch.arange(width, device=tokens.device).unsqueeze(0).expand(rows, -1)
-    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=tokens.device), 1)[None, None]
-    return ModelInputs(tokens, positions, causal, None, [i * width for i in range(samples)], (width, rows), routing=routing)
 
 
 def _routing(batch: ResponseBatch, lengths: list[int], width: int | None) -> torch.Tensor | None:
@@ -300,8 +271,6 @@ def run_micro_batches(model, parts: list[ResponseBatch], packed: bool, loss_fn: 
     from megatron.core import parallel_state
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        from services.trainer.modeling.pipeline import pipelined_micro_batches
-
         return pipelined_micro_batches(model, parts, [model_inputs(p, packed) for p in parts], response_stats, loss_fn,
                                        after_forward)
     results = []
@@ -311,13 +280,6 @@ def run_micro_batches(model, parts: list[ResponseBatch], packed: bool, loss_fn: 
             loss_fn(i, logp, entropy).backward()
         results.append((logp.detach(), entropy.detach()))
     return results
-
-
-def packed_params(bounds: torch.Tensor, max_len: int):
-    """megatron's THD description of sequences packed end to end: `bounds` their cumulative starts (and the end)."""
-    from megatron.core.packed_seq_params import PackedSeqParams
-
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=max_len, max_seqlen_kv=max_len)
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from services.trainer.modeling.cpu_shims import megatron_on_cpu
-from services.trainer.modeling.logprobs import ModelInputs, packed_params, padded_inputs
+from services.trainer.modeling.model_inputs import ModelInputs, packed_params, padded_inputs
 from services.trainer.modeling.model import compute_device, model_chunks
 
 

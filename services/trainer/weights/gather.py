@@ -16,9 +16,6 @@ import torch
 from services.common.weight_wire import plan_buckets
 from services.trainer.modeling.checkpoint_convert import HfConversion, expert_owner, hf_conversions, is_expert_tensor
 
-# gather_hf_tensors merges every bucket, so their size only sets how often the merge happens
-WHOLE_GATHER_BUCKET_MB = 64
-
 
 class HfWeightStream:
     """`state` (this rank's tensors by megatron name, chunk-prefixed under a virtual pipeline) gathered from every rank
@@ -150,18 +147,3 @@ def model_state(model) -> dict[str, torch.Tensor]:
 def stream_hf_weights(model, layout, bucket_mb: float, dtype: torch.dtype | None = None) -> HfWeightStream:
     """The model's weights in HF names, bucket by bucket (a collective: see HfWeightStream)."""
     return HfWeightStream(model_state(model), layout, bucket_mb, dtype)
-
-
-def gather_hf_weights(model, layout) -> dict[str, torch.Tensor]:
-    """The full model in HF names on every rank (tests and checks that compare whole models; a push streams instead)."""
-    return gather_hf_tensors(model_state(model), layout)
-
-
-def gather_hf_tensors(state: dict[str, torch.Tensor], layout) -> dict[str, torch.Tensor]:
-    """`state` (this rank's tensors by megatron name: its weights, or gradients) gathered from every rank into HF names.
-
-    Copies, never the live tensors: a tensor the stream passes through unconverted (a norm, a router at TP 1) would
-    otherwise move with the next optimizer step in the caller's dict."""
-    live = {t.data_ptr() for t in state.values()}
-    return {name: t.clone() if t.data_ptr() in live else t
-            for bucket in HfWeightStream(state, layout, WHOLE_GATHER_BUCKET_MB) for name, t in bucket.items()}
