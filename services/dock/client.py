@@ -27,7 +27,7 @@ from redis.retry import Retry
 from services.common.config import Config, DockConfig
 from services.common.errors import FailedPrecondition, InvalidArgument, Unavailable
 from services.dock import codec
-from services.dock.schema import DockLayout, Keys
+from services.dock.schema import PROMPTS, DockLayout, Keys
 from services.dock.scripts import DockScripts, StaleLease, WritesLost, execute, redis_errors
 
 _MGET_KEYS = 1000  # keys per MGET when reading claimed rows
@@ -288,7 +288,7 @@ class Dock:
                 raise InvalidArgument(f"columns.{name}", f"{len(values)} values for {len(rows)} indexes")
             described += [name, "1" if spec.shape == (None,) else "0"]
             blobs += codec.encode_column(values, spec.dtype, spec.shape, lambda i, value: self._encode(spec, i, value))
-            if name == "prompts" and self.layout.max_prompt_length > 0:
+            if name == PROMPTS.name and self.layout.max_prompt_length > 0:
                 self._check_prompt_lengths(blobs[-len(rows):])
         # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
         self._write("put", (lease.consumer if lease else "", lease.lease_id if lease else "",
@@ -312,7 +312,7 @@ class Dock:
         for i, blob in enumerate(blobs):
             tokens = len(codec.decode(blob))
             if tokens > limit:
-                raise InvalidArgument(f"columns.prompts[{i}]", f"a prompt of {tokens} tokens is over rl_config.max_prompt_length = "
+                raise InvalidArgument(f"columns.{PROMPTS.name}[{i}]", f"a prompt of {tokens} tokens is over rl_config.max_prompt_length = "
                                                                f"{limit}")
 
     def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,
