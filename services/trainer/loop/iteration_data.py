@@ -118,10 +118,6 @@ class RunAccounting:
         self.groups_trained += rows // n
         self.rows_dropped += dropped_rows
 
-    def in_flight(self) -> int:
-        """Rows put but neither trained nor dropped yet (still in the dock: rollout, reward or carried over)."""
-        return self.rows_put - self.rows_trained - self.rows_dropped - self.rows_stale - self.rows_failed
-
 
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
     """Writes each prompt into the n rows of its group slot, whole groups per put; returns the rows written.
