@@ -47,12 +47,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common import interleaved, machine_line, median, paired, parser, private_redis, progress, ratio, work_dir
+from services.dock.rows import ScoredSample, names
+from services.dock.schema import (FINISH_REASON, LABELS, PROMPT_LENGTH, PROMPTS, RESPONSE_LENGTH, RESPONSES, RM_SCORES,
+                                  ROLLOUT_LOG_PROBS, VERSIONS)
 
 N = 8  # samples per prompt
-PROMPT_COLUMNS = ("prompts", "prompt_length", "labels")
-ROLLOUT_COLUMNS = ("responses", "response_length", "rollout_log_probs", "versions", "finish_reason")
-REWARD_READS = ("prompts", "responses", "response_length", "labels")
-TRAIN_READS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
+PROMPT_COLUMNS = (PROMPTS.name, PROMPT_LENGTH.name, LABELS.name)
+ROLLOUT_COLUMNS = (RESPONSES.name, RESPONSE_LENGTH.name, ROLLOUT_LOG_PROBS.name, VERSIONS.name, FINISH_REASON.name)
+REWARD_READS = (PROMPTS.name, RESPONSES.name, RESPONSE_LENGTH.name, LABELS.name)
+TRAIN_READS = tuple(names(ScoredSample.COLUMNS))  # what the trainer's claims take
 
 
 @dataclass
@@ -68,15 +71,15 @@ class IterationData:
         rng = np.random.default_rng(seed)
         lengths = rng.integers(1, response_len + 1, rows)
         return cls(rows, {
-            "prompts": [rng.integers(0, 32000, prompt_len, dtype=np.int32) for _ in range(rows)],
-            "prompt_length": [prompt_len] * rows,
-            "labels": [str(v) for v in rng.integers(0, 100, rows)],
-            "responses": [rng.integers(0, 32000, n, dtype=np.int32) for n in lengths],
-            "response_length": [int(n) for n in lengths],
-            "rollout_log_probs": [rng.standard_normal(n, dtype=np.float32) for n in lengths],
-            "versions": [np.zeros(n, np.int32) for n in lengths],
-            "finish_reason": ["stop"] * rows,
-            "rm_scores": [float(v) for v in rng.random(rows)],
+            PROMPTS.name: [rng.integers(0, 32000, prompt_len, dtype=np.int32) for _ in range(rows)],
+            PROMPT_LENGTH.name: [prompt_len] * rows,
+            LABELS.name: [str(v) for v in rng.integers(0, 100, rows)],
+            RESPONSES.name: [rng.integers(0, 32000, n, dtype=np.int32) for n in lengths],
+            RESPONSE_LENGTH.name: [int(n) for n in lengths],
+            ROLLOUT_LOG_PROBS.name: [rng.standard_normal(n, dtype=np.float32) for n in lengths],
+            VERSIONS.name: [np.zeros(n, np.int32) for n in lengths],
+            FINISH_REASON.name: ["stop"] * rows,
+            RM_SCORES.name: [float(v) for v in rng.random(rows)],
         })
 
     def columns(self, names, rows: list[int], origin: dict[int, int] | None = None) -> dict[str, list]:
@@ -131,11 +134,11 @@ def dock_iteration(pool: BenchPool, data: IterationData, claims: int) -> float:
     start = time.perf_counter()
     admit(pool, data)
     oldest = pool.admitted - pool.live_rounds + 1  # every consumer takes this round's rows (claims go oldest first)
-    for c in claims_of(dock, "actor_rollout", ["prompts"], dispatch, limit):
+    for c in claims_of(dock, "actor_rollout", [PROMPTS.name], dispatch, limit):
         assert all(pool.round_of[r] == oldest for r in c.indexes), "a rollout claim took a younger round's rows first"
         dock.put(c.indexes, data.columns(ROLLOUT_COLUMNS, c.indexes, pool.origin), lease=c.lease, version=0)
     for c in claims_of(dock, "rule_reward", REWARD_READS, dispatch, limit):
-        dock.put(c.indexes, data.columns(("rm_scores",), c.indexes, pool.origin), lease=c.lease)
+        dock.put(c.indexes, data.columns((RM_SCORES.name,), c.indexes, pool.origin), lease=c.lease)
     taken = 0
     for c in claims_of(dock, "actor_train", TRAIN_READS, dispatch, limit):
         dock.ack(c.lease, c.indexes)
@@ -147,7 +150,7 @@ def dock_iteration(pool: BenchPool, data: IterationData, claims: int) -> float:
 
 def plain_iteration(client, prefix: str, blobs: dict[str, list[bytes]], claims: int) -> float:
     """Seconds to SET and MGET the same encoded values in the same steps and chunks, with plain pipelines."""
-    rows = len(blobs["prompts"])
+    rows = len(blobs[PROMPTS.name])
     dispatch = max(N, rows // claims // N * N)
     chunks = [range(first, min(first + dispatch, rows)) for first in range(0, rows, dispatch)]
 
@@ -170,11 +173,11 @@ def plain_iteration(client, prefix: str, blobs: dict[str, list[bytes]], claims: 
     start = time.perf_counter()
     write(PROMPT_COLUMNS, range(rows))
     for chunk in chunks:
-        read(("prompts",), chunk)
+        read((PROMPTS.name,), chunk)
         write(ROLLOUT_COLUMNS, chunk)
     for chunk in chunks:
         read(REWARD_READS, chunk)
-        write(("rm_scores",), chunk)
+        write((RM_SCORES.name,), chunk)
     got = sum(read(TRAIN_READS, chunk) for chunk in chunks)
     seconds = time.perf_counter() - start
     assert got == sum(len(b) for name in TRAIN_READS for b in blobs[name])
@@ -231,11 +234,11 @@ def claimer(url: str, prefix: str, dispatch: int, worker: int, start, results) -
     taken, latencies = [], []
     while True:
         began = time.perf_counter()
-        claim = dock.claim("actor_rollout", ["prompts"], dispatch)
+        claim = dock.claim("actor_rollout", [PROMPTS.name], dispatch)
         if claim is None:
             break
         latencies.append(time.perf_counter() - began)
-        dock.put(claim.indexes, {"response_length": [worker] * len(claim)}, lease=claim.lease)
+        dock.put(claim.indexes, {RESPONSE_LENGTH.name: [worker] * len(claim)}, lease=claim.lease)
         taken += claim.indexes
     results.put((worker, taken, latencies))
 
@@ -246,7 +249,7 @@ def concurrent_claims(client, url: str, rows: int, prompt_len: int, claimers: in
     dock = new_dock(client, rows)
     try:
         all_rows = list(range(rows))
-        dock.put(all_rows, {"prompts": data.values["prompts"]})
+        dock.put(all_rows, {PROMPTS.name: data.values[PROMPTS.name]})
         ctx = multiprocessing.get_context("fork")
         start, results = ctx.Event(), ctx.Queue()
         procs = [ctx.Process(target=claimer, args=(url, dock.keys.prefix, dispatch, w, start, results)) for w in range(claimers)]
@@ -263,7 +266,7 @@ def concurrent_claims(client, url: str, rows: int, prompt_len: int, claimers: in
         assert len(taken) == len(set(taken)), f"{claimers} claimers: {len(taken) - len(set(taken))} rows claimed twice"
         assert sorted(taken) == all_rows, f"{claimers} claimers: {rows - len(set(taken))} rows never claimed"
         owner = {row: w for w, worker_rows, _ in got for row in worker_rows}
-        stored = dock.read(all_rows, ["response_length"])["response_length"]
+        stored = dock.read(all_rows, [RESPONSE_LENGTH.name])[RESPONSE_LENGTH.name]
         assert all(int(v) == owner[row] for row, v in zip(all_rows, stored)), "a row kept another claimer's result"
         stats = dock.stats()
         assert stats.leased["actor_rollout"] == 0 and stats.unaccounted_rows() == 0, stats

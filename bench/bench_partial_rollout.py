@@ -34,6 +34,8 @@ import numpy as np
 
 from common import TINY, build_model, engine_env, engine_overrides, interleaved, machine_line, median, parser, progress
 from common import ratio, start_replicas, stop_all, work_dir
+from services.dock.rows import PromptRow
+from services.dock.schema import RESPONSES
 
 GOAL = 0.6
 PROMPT_LEN = 8
@@ -81,15 +83,15 @@ class TrainerSide:
         for _ in groups:
             self._prompt += 1
             prompts += [np.arange(self._prompt, self._prompt + PROMPT_LEN, dtype=np.int32) % 256] * self.n
-        self.dock.put(rows, {"prompts": prompts, "prompt_length": [PROMPT_LEN] * len(rows), "labels": ["0"] * len(rows)})
+        self.dock.put(rows, PromptRow.to_columns([PromptRow(p, "0") for p in prompts]))
         held, rows_held = [], 0
         while rows_held < self.gbs * self.n:
-            claim = self.dock.claim("actor_train", ["responses"], self.gbs * self.n - rows_held, min_count=self.n, timeout_s=600)
+            claim = self.dock.claim("actor_train", [RESPONSES.name], self.gbs * self.n - rows_held, min_count=self.n, timeout_s=600)
             if claim is None:
                 raise RuntimeError(f"no complete groups within 600 s: {self.dock.stats()}")
             held.append(claim)
             rows_held += len(claim)
-            self.lengths += [len(r) for r in claim.columns["responses"]]
+            self.lengths += [len(r) for r in claim.columns[RESPONSES.name]]
         seconds = time.perf_counter() - start
         for claim in held:
             self.dock.ack(claim.lease, claim.indexes)

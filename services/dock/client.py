@@ -26,7 +26,7 @@ from services.common.errors import FailedPrecondition, InvalidArgument
 from services.dock import codec
 from services.dock.journal import WriteJournal
 from services.dock.registry import ReplicaRegistry
-from services.dock.schema import DockLayout, Keys
+from services.dock.schema import PROMPTS, DockLayout, Keys
 from services.dock.scripts import DockScripts, execute, redis_errors
 from services.dock.timeline import Timeline
 
@@ -257,7 +257,7 @@ class Dock:
                 raise InvalidArgument(f"columns.{name}", f"{len(values)} values for {len(rows)} indexes")
             described += [name, "1" if spec.shape == (None,) else "0"]
             blobs += codec.encode_column(values, spec.dtype, spec.shape, lambda i, value: self._encode(spec, i, value))
-            if name == "prompts" and self.layout.max_prompt_length > 0:
+            if name == PROMPTS.name and self.layout.max_prompt_length > 0:
                 self._check_prompt_lengths(blobs[-len(rows):])
         # One script call carries the values: it checks the token and the lease and writes them, all or nothing.
         self.journal.write("put", (lease.consumer if lease else "", lease.lease_id if lease else "",
@@ -281,7 +281,7 @@ class Dock:
         for i, blob in enumerate(blobs):
             tokens = len(codec.decode(blob))
             if tokens > limit:
-                raise InvalidArgument(f"columns.prompts[{i}]", f"a prompt of {tokens} tokens is over rl_config.max_prompt_length = "
+                raise InvalidArgument(f"columns.{PROMPTS.name}[{i}]", f"a prompt of {tokens} tokens is over rl_config.max_prompt_length = "
                                                                f"{limit}")
 
     def claim(self, consumer: str, columns: Sequence[str], count: int | None = None, *, group: bool = True,

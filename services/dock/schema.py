@@ -48,22 +48,26 @@ class ColumnSpec:
         return "[" + ", ".join("*" if d is None else str(d) for d in self.shape) + "]"
 
 
-# MindSpeed-RL's experience keys; [*] is one entry per token (prompt or response).
+# MindSpeed-RL's experience keys; [*] is one entry per token (prompt or response). The only place a column's
+# name is spelled: everything else names a column by these constants, and services/dock/rows.py converts the
+# typed records of a row to and from them.
+PROMPTS = ColumnSpec("prompts", "int32", (None,))  # [P] prompt token ids
+PROMPT_LENGTH = ColumnSpec("prompt_length", "int32")  # []
+LABELS = ColumnSpec("labels", "utf8")  # the reference answer the reward compares with
+RESPONSES = ColumnSpec("responses", "int32", (None,))  # [L] response token ids (the completion column)
+RESPONSE_LENGTH = ColumnSpec("response_length", "int32")  # []
+ROLLOUT_LOG_PROBS = ColumnSpec("rollout_log_probs", "float32", (None,))  # [L] the rollout engine's log p
+VERSIONS = ColumnSpec("versions", "int32", (None,))  # [L] policy version that generated each token
+# [P+L-1, MoE layers, top_k] expert ids each computed position was routed to (rl_config.routing_replay; the last
+# response token is never fed to the rollout model, so it has none): services/rollout/routing_recorder.py
+ROUTED_EXPERTS = ColumnSpec("routed_experts", "uint8", (None, None, None))
+FINISH_REASON = ColumnSpec("finish_reason", "utf8")  # a FinishReason value: stop | length | abort | failed (services/common/sample.py)
+RM_SCORES = ColumnSpec("rm_scores", "float32")  # [] reward of the whole response
+RM_PARTS = ColumnSpec("rm_parts", "float32", (None,))  # [V] each verifier's score (rl_config.verifier_function order), before weighting
+RM_MODEL = ColumnSpec("rm_model", "float32")  # [] the reward model's score, before weighting (from reward-model replicas, when they run apart)
 DEFAULT_COLUMNS: tuple[ColumnSpec, ...] = (
-    ColumnSpec("prompts", "int32", (None,)),  # [P] prompt token ids
-    ColumnSpec("prompt_length", "int32"),  # []
-    ColumnSpec("labels", "utf8"),  # the reference answer the reward compares with
-    ColumnSpec("responses", "int32", (None,)),  # [L] response token ids (the completion column)
-    ColumnSpec("response_length", "int32"),  # []
-    ColumnSpec("rollout_log_probs", "float32", (None,)),  # [L] the rollout engine's log p
-    ColumnSpec("versions", "int32", (None,)),  # [L] policy version that generated each token
-    # [P+L-1, MoE layers, top_k] expert ids each computed position was routed to (rl_config.routing_replay; the last
-    # response token is never fed to the rollout model, so it has none): services/rollout/routing_recorder.py
-    ColumnSpec("routed_experts", "uint8", (None, None, None)),
-    ColumnSpec("finish_reason", "utf8"),  # a FinishReason value: stop | length | abort | failed (services/common/sample.py)
-    ColumnSpec("rm_scores", "float32"),  # [] reward of the whole response
-    ColumnSpec("rm_parts", "float32", (None,)),  # [V] each verifier's score (rl_config.verifier_function order), before weighting
-    ColumnSpec("rm_model", "float32"),  # [] the reward model's score, before weighting (from reward-model replicas, when they run apart)
+    PROMPTS, PROMPT_LENGTH, LABELS, RESPONSES, RESPONSE_LENGTH, ROLLOUT_LOG_PROBS, VERSIONS, ROUTED_EXPERTS,
+    FINISH_REASON, RM_SCORES, RM_PARTS, RM_MODEL,
 )
 # The trainer computes old and reference log-probs, values, returns and advantages on each iteration in
 # its own processes (they never travel), so the pool holds no column for them; a layout may add columns.
@@ -89,7 +93,7 @@ class DockLayout:
     partial_rollout_max_split: int = 1
     require_max_age_all_finished: bool = True
     rollout_consumer: str = "actor_rollout"  # the consumer partial rollout applies to
-    completion_column: str = "responses"  # a group is complete when this is final on all n rows
+    completion_column: str = RESPONSES.name  # a group is complete when this is final on all n rows
     dispatch_sizes: dict[str, int] = field(default_factory=dict)  # consumer -> rows per claim when none given
     max_prompt_length: int = 0  # a put of a longer `prompts` value is refused (rl_config.max_prompt_length); 0: no limit
 
@@ -119,6 +123,10 @@ class DockLayout:
             if column.name == name:
                 return column
         raise InvalidArgument(field, f"unknown column {name!r} (known: {', '.join(c.name for c in self.columns)})")
+
+    def has(self, column: ColumnSpec) -> bool:
+        """Whether this layout holds `column` (a layout may leave optional columns out)."""
+        return any(c.name == column.name for c in self.columns)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -33,6 +33,8 @@ from services.common.errors import FailedPrecondition, InvalidArgument, Unavaila
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.dock.client import Claim, Dock
+from services.dock.rows import ModelScore, RewardPart, ScoringRow, names
+from services.dock.schema import LABELS, PROMPTS, RESPONSES, RM_MODEL, RM_PARTS
 from services.dock.timeline import Span
 from services.dock.scripts import StaleLease
 from services.reward.decoding import ResponseDecoder
@@ -45,8 +47,6 @@ logger = logging.getLogger("dockrl.reward.worker")
 
 CONSUMER = "rule_reward"
 MODEL_CONSUMER = "model_reward"  # reward-model replicas, when they run apart from the rule ones
-PARTS_COLUMN = "rm_parts"
-MODEL_COLUMN = "rm_model"
 KINDS = ("rule", "model")
 _CLAIM_WAIT_S = 1.0  # a claim waits this long for work, so a stop request is seen within it
 _PROGRESS_EVERY_S = 10.0
@@ -114,14 +114,14 @@ class RewardWorker:
         """One claim (waiting up to `wait_s` for work), scored and put back; None when there was no work."""
         if self.kind == "model":
             return self._model_step(wait_s)
-        columns = ["responses", "labels"]
+        columns = [RESPONSES, LABELS]
         if self.split:
-            columns.append(MODEL_COLUMN)  # claimed only once a reward-model replica put the model's part
+            columns.append(RM_MODEL)  # claimed only once a reward-model replica put the model's part
         elif self.plan.uses_model:
-            columns.append("prompts")
+            columns.append(PROMPTS)
         with self.profiler.range("dock_claim"):
-            claim = self.dock.claim(CONSUMER, columns, self.count, group=True,
-                                    partial_columns=["response_length"], timeout_s=wait_s)
+            claim = self.dock.claim(CONSUMER, names(columns), self.count, group=True,
+                                    partial_columns=names(ScoringRow.OPTIONAL_COLUMNS), timeout_s=wait_s)
         if claim is None:
             return None
         if self.profiler.enabled:  # decided on the rows claimed: a claim waits, and the iteration may move meanwhile
@@ -133,27 +133,26 @@ class RewardWorker:
         except Exception:  # e.g. the tokenizer cannot load: give the rows back at once
             self.dock.release(claim.lease, claim.indexes)
             raise
-        columns: dict[str, np.ndarray] = {"rm_scores": np.array([s.total for s in scored], dtype=np.float32)}
-        if PARTS_COLUMN in {c.name for c in self.dock.layout.columns}:
-            columns[PARTS_COLUMN] = np.array([[p.score for p in s.parts] for s in scored], dtype=np.float32)
+        with_parts = self.dock.layout.has(RM_PARTS)
+        parts = [RewardPart(s.total, np.array([p.score for p in s.parts], np.float32) if with_parts else None) for s in scored]
         with self.profiler.range("dock_put"):
-            return self._put(claim, columns, scored, started)
+            return self._put(claim, RewardPart.to_columns(parts), scored, started)
 
     def _model_step(self, wait_s: float) -> BatchReport | None:
-        claim = self.dock.claim(MODEL_CONSUMER, ["responses", "prompts"], self.count, group=True,
-                                partial_columns=["response_length"], timeout_s=wait_s)
+        claim = self.dock.claim(MODEL_CONSUMER, names([RESPONSES, PROMPTS]), self.count, group=True,
+                                partial_columns=names(ScoringRow.OPTIONAL_COLUMNS), timeout_s=wait_s)
         if claim is None:
             return None
         started = time.time()
         try:
             samples = self._inputs(claim)
-            ids = [self.model.encode(s.prompt, s.response, f"rows[{row}].responses") for row, s in zip(claim.indexes, samples)]
+            ids = [self.model.encode(s.prompt, s.response, f"rows[{row}].{RESPONSES.name}") for row, s in zip(claim.indexes, samples)]
             values = self.model.score(ids)
         except Exception:  # give the rows back at once rather than after the lease
             self.dock.release(claim.lease, claim.indexes)
             raise
         scored = [SampleScore(v, (PartScore(MODEL_VERIFIER, v),), 0.0) for v in values]
-        return self._put(claim, {MODEL_COLUMN: np.array(values, dtype=np.float32)}, scored, started)
+        return self._put(claim, ModelScore.to_columns([ModelScore(v) for v in values]), scored, started)
 
     def _put(self, claim: Claim, columns: dict[str, np.ndarray], scored: list[SampleScore], started: float) -> BatchReport:
         try:
@@ -173,17 +172,13 @@ class RewardWorker:
         )
 
     def _inputs(self, claim: Claim) -> list[ScoreInput]:
-        lengths = claim.columns["response_length"]
-        # The reward model reads the prompt as the policy saw it, chat template and its special tokens included.
-        prompts = ([self.decoder.decode([int(t) for t in ids], skip_special_tokens=False) for ids in claim.columns["prompts"]]
-                   if "prompts" in claim.columns else [""] * len(claim))
-        labels = claim.columns.get("labels", [""] * len(claim))
-        model_scores = claim.columns.get(MODEL_COLUMN, [None] * len(claim))
         inputs = []
-        for ids, label, length, prompt, model_score in zip(claim.columns["responses"], labels, lengths, prompts, model_scores):
-            tokens = [int(t) for t in ids]
-            inputs.append(ScoreInput(self.decoder.decode(tokens), label, len(tokens) if length is None else int(length), prompt,
-                                     None if model_score is None else float(np.asarray(model_score).reshape(-1)[0])))
+        for row in ScoringRow.from_claim(claim):
+            tokens = [int(t) for t in row.response_ids]
+            # The reward model reads the prompt as the policy saw it, chat template and its special tokens included.
+            prompt = "" if row.prompt_ids is None else self.decoder.decode([int(t) for t in row.prompt_ids], skip_special_tokens=False)
+            length = len(tokens) if row.response_length is None else row.response_length
+            inputs.append(ScoreInput(self.decoder.decode(tokens), row.label, length, prompt, row.model_score))
         return inputs
 
     def run_until(self, stop: threading.Event, address: str = "", heartbeat_ttl_s: float = 10.0) -> None:

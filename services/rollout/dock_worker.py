@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from services.common.errors import DockrlError, InvalidArgument, NotFound, Resou
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.common.sample import FinishReason
+from services.dock.rows import RolloutPart, claimed, names
+from services.dock.schema import PROMPTS
 from services.dock.timeline import Span
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.profiling import EngineProfiler
@@ -45,7 +47,6 @@ from services.rollout.sampling import SamplingOverrides, sample_seed
 
 log = logging.getLogger("dockrl.rollout.dock")
 
-PARTIAL_COLUMNS = ("responses", "rollout_log_probs", "versions")
 CLAIM_WAIT_S = 1.0  # a claim waits this long for rows before the loop checks for stop
 QUEUE_RETRY_S = 0.05
 TARGET_POLL_S = 0.05  # how often a running partial-rollout claim asks whether the iteration's target is reached
@@ -65,6 +66,11 @@ class RowResult:
     # response (a resumed row's prompt holds its partial response); None unless routing is recorded
     routed_experts: np.ndarray | None = None
 
+    def part(self) -> RolloutPart:
+        """The row's response so far as the dock stores it."""
+        return RolloutPart(np.asarray(self.sample.token_ids, np.int32), np.asarray(self.sample.logprobs, np.float32),
+                           np.asarray(self.sample.versions, np.int32), self.sample.finish_reason, self.routed_experts)
+
 
 @dataclass
 class InFlight:
@@ -72,15 +78,6 @@ class InFlight:
 
     requests: dict[int, str] = field(default_factory=dict)  # row index -> request id
     interrupted: bool = False  # the iteration's target was reached: running rows stop, waiting ones do not start
-
-
-def _token_columns(results: list[RowResult]) -> dict[str, list[np.ndarray]]:
-    """The per-token dock columns of `results` (whole responses so far)."""
-    return {
-        "responses": [np.asarray(r.sample.token_ids, np.int32) for r in results],
-        "rollout_log_probs": [np.asarray(r.sample.logprobs, np.float32) for r in results],
-        "versions": [np.asarray(r.sample.versions, np.int32) for r in results],
-    }
 
 
 def claim_share(dispatch_size: int, iteration_rows: int, live_replicas: int, n: int) -> int:
@@ -175,8 +172,8 @@ class DockWorker:
         count = claim_share(layout.dispatch_sizes[layout.rollout_consumer], self.cfg.samples_per_iteration,
                             len(self.registry.live("rollout")), layout.n_samples_per_prompt)
         return self.dock.claim(
-            layout.rollout_consumer, ["prompts"], count, group=not layout.partial_rollout,
-            partial_columns=PARTIAL_COLUMNS if layout.partial_rollout else (), timeout_s=CLAIM_WAIT_S,
+            layout.rollout_consumer, [PROMPTS.name], count, group=not layout.partial_rollout,
+            partial_columns=names(RolloutPart.TOKEN_COLUMNS) if layout.partial_rollout else (), timeout_s=CLAIM_WAIT_S,
         )
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
@@ -193,9 +190,8 @@ class DockWorker:
     async def _process(self, claim, settled: set[int]) -> None:
         running = InFlight()
         rows = []
-        for i, index in enumerate(claim.indexes):
-            prior = [claim.columns.get(c, [None] * len(claim))[i] for c in PARTIAL_COLUMNS]
-            rows.append(asyncio.create_task(self._generate(index, list(claim.columns["prompts"][i]), *prior, running)))
+        for index, prompt, prior in zip(claim.indexes, claimed(claim, PROMPTS), RolloutPart.from_claim(claim)):
+            rows.append(asyncio.create_task(self._generate(index, list(prompt), prior, running)))
         if self.dock.layout.partial_rollout:
             await self._process_interruptible(claim, rows, running, settled)
             return
@@ -237,8 +233,9 @@ class DockWorker:
                 back = [r for r in results if not r.finished and r.generated]
                 await self._put_finished(claim, done, settled)
                 if back:
-                    await asyncio.to_thread(self.dock.put, [r.index for r in back], _token_columns(back),
-                                            lease=claim.lease, version=self.engine.version, partial=True)
+                    columns = RolloutPart.to_partial_columns([r.part() for r in back])
+                    await asyncio.to_thread(self.dock.put, [r.index for r in back], columns, lease=claim.lease,
+                                            version=self.engine.version, partial=True)
                     settled.update(r.index for r in back)
                 unchanged += [r.index for r in results if not r.finished and not r.generated]
                 finished, resumable = finished + len(done), resumable + len(back)
@@ -262,22 +259,20 @@ class DockWorker:
         """Puts finished rows final: their whole responses, logprobs, versions, lengths and finish reasons."""
         if not done:
             return
-        columns = {**_token_columns(done), "response_length": [len(r.sample.token_ids) for r in done],
-                   "finish_reason": [r.sample.finish_reason for r in done]}
+        parts = [r.part() for r in done]
         if self.engine.routing_shape != (0, 0):
             empty = np.zeros((0, *self.engine.routing_shape), np.uint8)  # a row that failed before a token computed nothing
-            columns["routed_experts"] = [empty if r.routed_experts is None else r.routed_experts for r in done]
-        await asyncio.to_thread(self.dock.put, [r.index for r in done], columns, lease=claim.lease, version=self.engine.version)
+            parts = [p if p.routed_experts is not None else replace(p, routed_experts=empty) for p in parts]
+        await asyncio.to_thread(self.dock.put, [r.index for r in done], RolloutPart.to_columns(parts), lease=claim.lease,
+                                version=self.engine.version)
         settled.update(r.index for r in done)
 
-    async def _generate(self, index: int, prompt: list[int], response, logprobs, versions,
-                        running: InFlight) -> RowResult:
-        """Generates row `index` for this claim's budget; `running` holds its request id while it runs."""
-        sample = Completion(
-            token_ids=[int(t) for t in (response if response is not None else [])],
-            logprobs=[float(x) for x in (logprobs if logprobs is not None else [])],
-            versions=[int(v) for v in (versions if versions is not None else [])],
-        )
+    async def _generate(self, index: int, prompt: list[int], prior: RolloutPart | None, running: InFlight) -> RowResult:
+        """Generates row `index` for this claim's budget, continuing `prior` (the partial response stored so far, if
+        any); `running` holds its request id while it runs."""
+        sample = Completion() if prior is None else Completion(
+            token_ids=[int(t) for t in prior.response_ids], logprobs=[float(x) for x in prior.log_probs],
+            versions=[int(v) for v in prior.versions])
         budget = token_budget(self.max_tokens, self.max_split, len(sample.token_ids))
         seed = sample_seed(self.seed, prompt, index % self.dock.layout.n_samples_per_prompt, self.engine.version,
                            len(sample.token_ids))

@@ -19,8 +19,8 @@ from rollout_harness import DOCK_PREFIX, OVERRIDES, REDIS_URL, TOKEN
 from services.common.config import load_config
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.dock.client import Dock
+from services.dock.rows import RolloutPart, names
 from services.dock.schema import DockLayout
-from services.rollout.dock_worker import PARTIAL_COLUMNS
 from replica_launcher import spawn_replica
 
 pytestmark = pytest.mark.service
@@ -101,7 +101,7 @@ def test_sigterm_under_load_drains_within_drain_s(tiny_model_dir, tmp_path, faul
         loop.call_soon_threadsafe(loop.stop)
         watcher.join(timeout=10)
         stats = dock.stats()
-        again = dock.claim("actor_rollout", ["prompts"], count=len(rows), group=False, partial_columns=PARTIAL_COLUMNS)
+        again = dock.claim("actor_rollout", ["prompts"], count=len(rows), group=False, partial_columns=names(RolloutPart.TOKEN_COLUMNS))
     finally:
         replica.stop()
         dock.destroy()

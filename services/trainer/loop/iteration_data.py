@@ -22,15 +22,12 @@ from services.common.log import log_event
 from services.common.preprocess import PromptRecord
 from services.common.sample import FinishReason
 from services.dock.client import Claim, Dock
+from services.dock.rows import PromptRow, ScoredSample, names
 from services.dock.scripts import StaleLease
 
 log = logging.getLogger("dockrl.trainer")
 
 TRAIN_CONSUMER = "actor_train"
-TRAIN_COLUMNS = ("prompts", "responses", "rm_scores", "rollout_log_probs", "versions")
-# Read when stored, never waited for: each verifier's part of the reward, for its own metric.
-# routed_experts is put with the responses (same put), so a scored row holds it whenever its replica recorded it.
-TRAIN_OPTIONAL_COLUMNS = ("rm_parts", "finish_reason", "routed_experts")
 # One put is one Lua script, and Redis serves nobody else while it runs: 32768 prompt rows held it
 # ~1 s on a quiet 2-core machine (several under load), so prompts go in puts of at most this many rows.
 PROMPT_PUT_ROWS = 4096
@@ -38,7 +35,8 @@ PROMPT_PUT_ROWS = 4096
 
 @dataclass
 class ScoredBatch:
-    """GBS complete groups, rows in group order: every list has B = groups * n entries."""
+    """GBS complete groups, rows in group order: every list has B = groups * n entries, one per claimed
+    ScoredSample (services/dock/rows.py), as the lists the trainer's step reads."""
 
     indexes: list[int]
     prompts: list[list[int]]  # [B][P]
@@ -56,18 +54,17 @@ class ScoredBatch:
 
     def extend(self, claim: Claim) -> None:
         """Adds a claim's rows, sorted by index so groups stay contiguous."""
-        order = sorted(range(len(claim.indexes)), key=claim.indexes.__getitem__)
-        cols = claim.columns
-        for i in order:
+        samples = ScoredSample.from_claim(claim)
+        for i in sorted(range(len(claim.indexes)), key=claim.indexes.__getitem__):
+            sample = samples[i]
             self.indexes.append(claim.indexes[i])
-            self.prompts.append(np.asarray(cols["prompts"][i]).astype(int).tolist())
-            self.responses.append(np.asarray(cols["responses"][i]).astype(int).tolist())
-            self.scores.append(float(np.asarray(cols["rm_scores"][i]).reshape(-1)[0]))
-            self.rollout_logprobs.append(np.asarray(cols["rollout_log_probs"][i], dtype=np.float64).tolist())
-            self.versions.append(np.asarray(cols["versions"][i]).astype(int).tolist())
-            parts = cols.get("rm_parts", [None] * len(claim))[i]
-            self.score_parts.append(None if parts is None else np.asarray(parts, dtype=np.float64).tolist())
-            self.routed_experts.append(cols.get("routed_experts", [None] * len(claim))[i])
+            self.prompts.append(np.asarray(sample.prompt_ids).astype(int).tolist())
+            self.responses.append(np.asarray(sample.response_ids).astype(int).tolist())
+            self.scores.append(sample.score)
+            self.rollout_logprobs.append(np.asarray(sample.log_probs, dtype=np.float64).tolist())
+            self.versions.append(np.asarray(sample.versions).astype(int).tolist())
+            self.score_parts.append(None if sample.parts is None else np.asarray(sample.parts, dtype=np.float64).tolist())
+            self.routed_experts.append(sample.routed_experts)
         self.claims.append(claim)
 
     @classmethod
@@ -121,10 +118,6 @@ class RunAccounting:
         self.groups_trained += rows // n
         self.rows_dropped += dropped_rows
 
-    def in_flight(self) -> int:
-        """Rows put but neither trained nor dropped yet (still in the dock: rollout, reward or carried over)."""
-        return self.rows_put - self.rows_trained - self.rows_dropped - self.rows_stale - self.rows_failed
-
 
 def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> list[int]:
     """Writes each prompt into the n rows of its group slot, whole groups per put; returns the rows written.
@@ -138,12 +131,8 @@ def put_prompts(dock: Dock, groups: list[int], prompts: list[PromptRecord]) -> l
     rows = []
     for first in range(0, len(groups), per_put):
         chunk_rows = dock.rows_of(groups[first:first + per_put])
-        expanded = [p for p in prompts[first:first + per_put] for _ in range(n)]
-        dock.put(chunk_rows, {
-            "prompts": [np.asarray(p.prompt_ids, dtype=np.int32) for p in expanded],
-            "prompt_length": [len(p.prompt_ids) for p in expanded],
-            "labels": [p.label for p in expanded],
-        })
+        chunk_prompts = [PromptRow(np.asarray(p.prompt_ids, dtype=np.int32), p.label) for p in prompts[first:first + per_put]]
+        dock.put(chunk_rows, PromptRow.to_columns([row for row in chunk_prompts for _ in range(n)]))
         rows += chunk_rows
     return rows
 
@@ -153,11 +142,10 @@ def unusable_groups(claim: Claim, n: int, min_version: int | None) -> dict[str, 
     generate, e.g. a prompt past the engine's context: finish_reason FAILED, or no response token) and
     `stale` (a token older than `min_version`; None: no bound)."""
     failed, stale = set(), set()
-    reasons = claim.columns.get("finish_reason") or [None] * len(claim.indexes)
-    for index, response, versions, reason in zip(claim.indexes, claim.columns["responses"], claim.columns["versions"], reasons):
-        if response is None or len(response) == 0 or reason == FinishReason.FAILED.value:
+    for index, sample in zip(claim.indexes, ScoredSample.from_claim(claim)):
+        if len(sample.response_ids) == 0 or sample.finish_reason == FinishReason.FAILED.value:
             failed.add(index // n)
-        elif min_version is not None and versions is not None and len(versions) and int(np.min(versions)) < min_version:
+        elif min_version is not None and len(sample.versions) and int(np.min(sample.versions)) < min_version:
             stale.add(index // n)
     return {"failed": failed, "stale": stale - failed}
 
@@ -187,10 +175,10 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
     """
     batch = ScoredBatch.empty()
     n = dock.layout.n_samples_per_prompt
-    optional = [c for c in TRAIN_OPTIONAL_COLUMNS if c in {spec.name for spec in dock.layout.columns}]
+    optional = names([c for c in ScoredSample.OPTIONAL_COLUMNS if dock.layout.has(c)])
     start = last_note = time.monotonic()
     while len(batch) < rows_wanted:
-        claim = dock.claim(TRAIN_CONSUMER, TRAIN_COLUMNS, count=rows_wanted - len(batch), group=True, min_count=n, timeout_s=1.0,
+        claim = dock.claim(TRAIN_CONSUMER, names(ScoredSample.COLUMNS), count=rows_wanted - len(batch), group=True, min_count=n, timeout_s=1.0,
                            partial_columns=optional)
         if claim is not None:
             for reason, groups in unusable_groups(claim, n, min_version).items():
