@@ -23,7 +23,7 @@ from services.trainer.modeling.logprobs import (ForwardConfig, ModelInputs, Resp
 from services.trainer.algorithm.losses import value_loss
 from services.trainer.algorithm.masked import masked_mean
 from services.trainer.modeling.model import ModelLayout, build_model, compute_device, model_chunks
-from services.trainer.algorithm.update import broadcast_from_last_stage, mini_batch_order
+from services.trainer.algorithm.update_epochs import reduce_totals, run_update_epochs
 from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
 
@@ -183,45 +183,33 @@ VALUE_METRICS = ("vf_loss", "vf_clipfrac", "values_mean")
 
 def critic_update(critic, optimizer: ModelOptimizer, batch: ResponseBatch, old_values: torch.Tensor, returns: torch.Tensor,
                   cfg: CriticUpdateConfig, step: int = 0) -> CriticMetrics:
-    """cfg.epochs passes of mini-batch steps regressing the values on `returns` with the clipped value loss.
+    """cfg.epochs passes of mini-batch steps regressing the values on `returns` with the clipped value loss (run_update_epochs).
 
     old_values, returns [B, L] (compute_values before the update; ppo_targets' returns). Micro-batch
     losses are weighted by their token share, so each step's gradient is that of its mini-batch's
-    token mean. `step` seeds the shuffle reproducibly. Data-parallel ranks split each mini-batch as
-    in update_policy.
+    token mean. `step` seeds the shuffle reproducibly.
     """
     mask = batch.response_mask()
     critic.train()
     totals = torch.zeros(len(VALUE_METRICS))  # filled on the last pipeline stage, where the loss is computed
-    grad_norm = lr = 0.0
-    steps = 0
-    for epoch in range(cfg.epochs):
-        for mini in mini_batch_order(batch.size, cfg.mini_batch_size, cfg.shuffle_mini_batch, cfg.seed, epoch, step):
-            optimizer.zero_grad()
-            mini_tokens = mask[mini].sum()
-            mine = my_rows(mini)
-            indexes = [mine[micro] for micro in micro_batches(batch.select(mine), cfg.forward)] if len(mine) else []
 
-            def micro_loss(i: int, values: torch.Tensor) -> torch.Tensor:
-                index = indexes[i]
-                width = values.size(1)
-                part_mask = mask[index, :width].to(values.device)
-                loss, clipfrac = value_loss(values, old_values[index, :width].to(values.device),
-                                            returns[index, :width].to(values.device), part_mask, cfg.cliprange_value)
-                weight = part_mask.sum().cpu() / mini_tokens
-                parts = [loss.detach(), clipfrac, masked_mean(values.detach(), part_mask)]
-                totals.add_(torch.tensor([float(v) for v in parts]) * float(weight))
-                return loss * weight * optimizer.loss_scale
+    def mini_batch_pass(indexes: list[torch.Tensor], weights: list[float]) -> None:
+        def micro_loss(i: int, values: torch.Tensor) -> torch.Tensor:
+            index = indexes[i]
+            width = values.size(1)
+            part_mask = mask[index, :width].to(values.device)
+            loss, clipfrac = value_loss(values, old_values[index, :width].to(values.device),
+                                        returns[index, :width].to(values.device), part_mask, cfg.cliprange_value)
+            parts = [loss.detach(), clipfrac, masked_mean(values.detach(), part_mask)]
+            totals.add_(torch.tensor([float(v) for v in parts]) * weights[i])
+            return loss * weights[i] * optimizer.loss_scale
 
-            run_critic_micro_batches(critic, [batch.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
-            step_grad_norm, step_lr = optimizer.step()
-            grad_norm += step_grad_norm
-            lr += step_lr
-            steps += 1
-    sum_over_data_parallel(totals)
-    broadcast_from_last_stage(totals)
-    means = dict(zip(VALUE_METRICS, (totals / steps).tolist()))
-    return CriticMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps)
+        run_critic_micro_batches(critic, [batch.select(index) for index in indexes], cfg.forward.use_remove_padding, micro_loss)
+
+    steps = run_update_epochs(optimizer, batch, cfg, True, step, mini_batch_pass)
+    reduce_totals(totals)
+    means = dict(zip(VALUE_METRICS, (totals / steps.steps).tolist()))
+    return CriticMetrics(**means, grad_norm=steps.grad_norm, lr=steps.lr, optimizer_steps=steps.steps)
 
 
 def critic_checkpoint_root(save: str | pathlib.Path) -> pathlib.Path:

@@ -1,8 +1,5 @@
-"""The actor update: mini-batches over epochs, micro-batch gradient accumulation, one optimizer step per mini-batch.
+"""The actor update: the policy loss of each micro-batch, in the update-epochs loop (update_epochs.py).
 
-Mirrors MindSpeed-RL's actor update: the batch is split into mini-batches (one optimizer step
-each, optionally shuffled per epoch); each mini-batch is run in micro-batches whose losses are
-weighted so the accumulated gradient equals the gradient of the whole mini-batch's loss.
 When one mini-batch covers the batch for one epoch the old policy is the current one, so the
 old-logprob forward pass is skipped and the detached current log-probs stand in for it; the
 log-probs of that step's own forward pass are then the policy's before the update, which the
@@ -18,10 +15,10 @@ import torch
 
 from services.trainer.algorithm.kl import kl_penalty
 from services.trainer.modeling import moe_aux_loss
-from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, micro_batches, run_micro_batches
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, run_micro_batches
 from services.trainer.algorithm.losses import PolicyLossConfig, policy_loss
-from services.trainer.modeling.data_parallel import my_rows, sum_over_data_parallel
-from services.trainer.modeling.model import compute_device
+from services.trainer.algorithm.update_epochs import reduce_totals, run_update_epochs
+from services.trainer.modeling.data_parallel import sum_over_data_parallel
 from services.trainer.modeling.optimizer import ModelOptimizer
 
 
@@ -92,27 +89,11 @@ def needs_old_logprob_pass(num_samples: int, cfg: UpdateConfig) -> bool:
     return not (cfg.epochs == 1 and cfg.mini_batch_size >= num_samples)
 
 
-def mini_batch_order(num_samples: int, mini_batch_size: int, shuffle: bool, seed: int, epoch: int, step: int) -> list[torch.Tensor]:
-    """Sample indexes of each mini-batch of one epoch: in order, or shuffled reproducibly from (seed, step, epoch)."""
-    if shuffle:
-        gen = torch.Generator().manual_seed(seed + 1_000_003 * step + epoch)
-        order = torch.randperm(num_samples, generator=gen)
-    else:
-        order = torch.arange(num_samples)
-    return list(order.split(mini_batch_size))
-
-
 LOSS_METRICS = ("loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl", "behav_clipfrac", "behav_imp_weight")
 
 
 def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: UpdateConfig, step: int = 0) -> UpdateResult:
-    """Runs cfg.epochs passes of optimizer steps over `batch`; `step` seeds the shuffle reproducibly.
-
-    Every data-parallel rank holds the whole batch and walks the same mini-batches; each runs the
-    forward and backward of its share of every mini-batch only, with its micro-batch losses
-    weighted as shares of the whole mini-batch, so the gradient summed over ranks is the one a
-    single rank would compute on the whole mini-batch.
-    """
+    """Runs cfg.epochs passes of optimizer steps over `batch` (run_update_epochs); `step` seeds the shuffle reproducibly."""
     samples = batch.samples
     mask = samples.response_mask()
     old_pass = batch.old_logprobs is None and needs_old_logprob_pass(samples.size, cfg)
@@ -126,62 +107,38 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
     # LOSS_METRICS, filled on the last pipeline stage, where losses are computed, then the MoE load-balancing loss
     loss_totals = torch.zeros(len(LOSS_METRICS) + 1)
     aux_total = torch.zeros(())  # this stage's MoE layers' part of the load-balancing loss, weighted as the losses are
-    grad_norm = lr = 0.0
-    steps = 0
-    for epoch in range(cfg.epochs):
-        for mini in mini_batch_order(samples.size, cfg.mini_batch_size, cfg.shuffle_mini_batch, cfg.seed, epoch, step):
-            optimizer.zero_grad()
-            mini_tokens = mask[mini].sum()
-            mine = my_rows(mini)
-            indexes = [mine[micro] for micro in micro_batches(samples.select(mine), cfg.forward)] if len(mine) else []
-            # Weights make the accumulated gradient that of the mini-batch's token or sequence mean.
-            weights = [float(mask[index].sum() / mini_tokens) if cfg.loss.token_level else len(index) / len(mini)
-                       for index in indexes]
 
-            def micro_loss(i: int, logp: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
-                index = indexes[i]
-                width = logp.size(1)
-                part_mask = mask[index, :width].to(logp.device)
-                old = old_logprobs[index, :width].to(logp.device) if old_logprobs is not None else logp.detach()
-                kl = None
-                if batch.ref_logprobs is not None and cfg.loss.kl_coef:
-                    kl = kl_penalty(logp, batch.ref_logprobs[index, :width].to(logp.device), cfg.kl_penalty)
-                behaviour = batch.behaviour_logprobs[index, :width].to(logp.device) if batch.behaviour_logprobs is not None else None
-                out = policy_loss(logp, old, batch.advantages[index, :width].to(logp.device), part_mask, cfg.loss,
-                                  entropy=entropy, kl=kl, behaviour_logprob=behaviour)
-                loss_totals[:-1].add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * weights[i])
-                return out.loss * weights[i] * optimizer.loss_scale
+    def mini_batch_pass(indexes: list[torch.Tensor], weights: list[float]) -> None:
+        def micro_loss(i: int, logp: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+            index = indexes[i]
+            width = logp.size(1)
+            part_mask = mask[index, :width].to(logp.device)
+            old = old_logprobs[index, :width].to(logp.device) if old_logprobs is not None else logp.detach()
+            kl = None
+            if batch.ref_logprobs is not None and cfg.loss.kl_coef:
+                kl = kl_penalty(logp, batch.ref_logprobs[index, :width].to(logp.device), cfg.kl_penalty)
+            behaviour = batch.behaviour_logprobs[index, :width].to(logp.device) if batch.behaviour_logprobs is not None else None
+            out = policy_loss(logp, old, batch.advantages[index, :width].to(logp.device), part_mask, cfg.loss,
+                              entropy=entropy, kl=kl, behaviour_logprob=behaviour)
+            loss_totals[:-1].add_(torch.stack([getattr(out, m).detach() for m in LOSS_METRICS]).cpu() * weights[i])
+            return out.loss * weights[i] * optimizer.loss_scale
 
-            def moe_stage_forward(i: int, output: torch.Tensor) -> None:
-                aux_total.add_(moe_aux_loss.take(model.config.moe_aux_loss_coeff) * weights[i])
-                moe_aux_loss.weigh_backward(output, weights[i] * optimizer.loss_scale)
+        def moe_stage_forward(i: int, output: torch.Tensor) -> None:
+            aux_total.add_(moe_aux_loss.take(model.config.moe_aux_loss_coeff) * weights[i])
+            moe_aux_loss.weigh_backward(output, weights[i] * optimizer.loss_scale)
 
-            results = run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding,
-                                        micro_loss, moe_stage_forward if moe else None)
-            if old_logprobs is None:
-                for index, (logp, _) in zip(indexes, results):
-                    start_logprobs[index, : logp.size(1)] = logp.float().cpu()
-            step_grad_norm, step_lr = optimizer.step()
-            grad_norm += step_grad_norm
-            lr += step_lr
-            steps += 1
+        results = run_micro_batches(model, [samples.select(index) for index in indexes], cfg.forward.use_remove_padding,
+                                    micro_loss, moe_stage_forward if moe else None)
+        if old_logprobs is None:
+            for index, (logp, _) in zip(indexes, results):
+                start_logprobs[index, : logp.size(1)] = logp.float().cpu()
+
+    steps = run_update_epochs(optimizer, samples, cfg, cfg.loss.token_level, step, mini_batch_pass)
     loss_totals[-1] = moe_aux_loss.sum_over_stages(aux_total) if moe else 0.0
-    sum_over_data_parallel(loss_totals)  # each rank's parts are weighted as shares of the whole mini-batch
-    broadcast_from_last_stage(loss_totals)
+    reduce_totals(loss_totals)
     if old_logprobs is None:
         sum_over_data_parallel(start_logprobs)  # each rank filled its own rows
-    means = dict(zip(LOSS_METRICS, (loss_totals[:-1] / steps).tolist()))
-    metrics = UpdateMetrics(**means, grad_norm=grad_norm / steps, lr=lr / steps, optimizer_steps=steps, old_logprob_pass=old_pass,
-                            moe_aux_loss=float(loss_totals[-1]) / steps if moe else None)
+    means = dict(zip(LOSS_METRICS, (loss_totals[:-1] / steps.steps).tolist()))
+    metrics = UpdateMetrics(**means, grad_norm=steps.grad_norm, lr=steps.lr, optimizer_steps=steps.steps, old_logprob_pass=old_pass,
+                            moe_aux_loss=float(loss_totals[-1]) / steps.steps if moe else None)
     return UpdateResult(metrics, start_logprobs)
-
-
-def broadcast_from_last_stage(values: torch.Tensor) -> None:
-    """Overwrites `values` (CPU) on every pipeline stage with the last stage's, where the losses are computed."""
-    from megatron.core import parallel_state
-
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        device_values = values.to(compute_device())
-        torch.distributed.broadcast(device_values, src=parallel_state.get_pipeline_model_parallel_last_rank(),
-                                    group=parallel_state.get_pipeline_model_parallel_group())
-        values.copy_(device_values.cpu())

@@ -17,13 +17,14 @@ from torch.profiler import record_function
 
 from services.common.config import Config
 from services.common.log import log_event
-from services.trainer.algorithm.advantages import group_norm_advantages, ppo_targets
+from services.trainer.algorithm.estimators import build_estimator
+from services.trainer.algorithm.estimators.interface import (AdvantageEstimator, Estimate, EstimatorSetup, LogProbPasses,
+                                                             EstimatorBatch)
 from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
 from services.trainer.modeling.checkpoint_convert import load_hf_into_model, load_hf_state
 from services.trainer.modeling.data_parallel import data_parallel_rank_size
 from services.trainer.loop.control import TrainerControl
 from services.trainer.loop.determinism import enable_determinism
-from services.trainer.algorithm.critic import Critic
 from services.trainer.algorithm.kl import KLController
 from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
@@ -106,7 +107,7 @@ class TrainerSession:
     optimizer: ModelOptimizer
     update_cfg: UpdateConfig
     control: TrainerControl
-    critic: Critic | None = None  # PPO (adv_estimator: gae)
+    estimator: AdvantageEstimator  # rl_config.adv_estimator's, with its own models (gae: the critic)
     kl_ctrl: KLController = field(default_factory=lambda: KLController(0.0))
     server: Any = None
     step: int = 0
@@ -149,18 +150,16 @@ class TrainerSession:
         steps_per_iter = rl.epochs * (cfg.samples_per_iteration // update_cfg.mini_batch_size)
         optimizer = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
         control = TrainerControl(mt.train_iters)
-        session = cls(cfg, token, layout, model, ref_model, optimizer, update_cfg, control,
+        estimator = build_estimator(EstimatorSetup(cfg, layout, hf_state, dtype, mt.train_iters * steps_per_iter))
+        session = cls(cfg, token, layout, model, ref_model, optimizer, update_cfg, control, estimator,
                       num_prompts=max(1, num_prompts), kl_ctrl=KLController.from_rl_config(rl))
-        if rl.adv_estimator == "gae":
-            session.critic = Critic.build(cfg, layout, hf_state, dtype, mt.train_iters * steps_per_iter)
         if resume and mt.save and latest_step(mt.save) is not None:
             state = load_checkpoint(mt.save, model, optimizer)
             session.step, session.version = state.step, state.policy_version
             session.prompt_cursor = state.data.epoch * session.num_prompts + state.data.next_prompt_index
             if state.kl_coef is not None:  # where the adaptive controller had moved it
                 session.kl_ctrl.value = state.kl_coef
-            if session.critic is not None:
-                session.critic.load(mt.save, state.step)
+            session.estimator.load(mt.save, state.step)
         if session.is_leader:
             from megatron.core import parallel_state as ps
 
@@ -205,49 +204,29 @@ class TrainerSession:
         return self.weight_stream()
 
     def train_step(self, batch: ScoredBatch, step: int) -> dict[str, float]:
-        """Advantages, log-probs and the policy update on one iteration's batch; returns its metrics."""
+        """The estimator's log-prob passes and advantages (with the KL in the reward, if configured), the policy update, the
+        estimator's own update (the critic); returns the iteration's metrics."""
         rl, fwd = self.cfg.rl_config, self.update_cfg.forward
         samples = ResponseBatch.from_lists(batch.prompts, batch.responses, rollout_routing(batch) if rl.routing_replay else None)
         mask = samples.response_mask()
-        scores = torch.tensor(batch.scores, dtype=torch.float32)
-        metrics: dict[str, float] = {}
-        old_logprobs = None
-        ppo = self.critic is not None
-        if ppo and rl.use_kl_in_reward:  # the reward's KL needs the old policy before the update; otherwise the update has it
-            with record_function("actor_compute_log_prob"):
-                old_logprobs = compute_logprobs(self.model, samples, fwd)[0].float().cpu()
-        ref_logprobs = None
-        if self.ref_model is not None:
-            with torch.no_grad(), record_function("reference_compute_log_prob"):
-                ref_logprobs = compute_logprobs(self.ref_model, samples, fwd)[0].float().cpu()
-        if ppo:
-            with record_function("critic_compute_values"):
-                values = self.critic.values(samples, fwd).float().cpu()
-            targets = ppo_targets(scores, values, mask, rl, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                                  kl_coef=self.kl_ctrl.value)
-            advantages = targets.advantages
-            if rl.use_kl_in_reward:
-                ref_logprobs = None  # the KL is in the reward already, not in the loss
-        else:
-            advantages = group_norm_advantages(scores, rl.n_samples_per_prompt, mask)
+        scored = EstimatorBatch(samples, mask, torch.tensor(batch.scores, dtype=torch.float32))
+        estimate = self.estimator.estimate(scored, LogProbPasses(self.model, self.ref_model, samples, fwd), self.kl_ctrl.value)
         behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
-        update_cfg = self.update_cfg
-        if self.kl_ctrl.target and not rl.use_kl_in_reward:  # the adaptive coefficient of the loss's KL term
-            update_cfg = replace(update_cfg, loss=replace(update_cfg.loss, kl_coef=self.kl_ctrl.value))
         unreplayed = None
         if rl.routing_replay and self.cfg.trainer.log_logprob_diff:
             # the gap replay closes: the current policy's log-probs with its own routing (one more forward, before the update)
             with record_function("actor_compute_log_prob_unreplayed"):
                 unreplayed = compute_logprobs(self.model, replace(samples, routed_experts=None), fwd)[0].float().cpu()
         with record_function("actor_update"):  # its first micro-batches' log-probs are the old policy's (no separate pass)
-            out = update_policy(self.model, self.optimizer,
-                                TrainBatch(samples, advantages, old_logprobs, ref_logprobs, behaviour), update_cfg, step)
-        metrics.update({f"actor/{k}": v for k, v in out.metrics.as_dict().items()})
+            out = update_policy(self.model, self.optimizer, TrainBatch(samples, estimate.advantages, estimate.old_logprobs,
+                                                                       estimate.ref_logprobs, behaviour),
+                                self._update_config(estimate), step)
+        metrics = {f"actor/{k}": v for k, v in out.metrics.as_dict().items()}
         if self.ref_model is not None:
             metrics["actor/kl_coef"] = self.kl_ctrl.value  # the coefficient this step used
             kl = out.metrics.kl
-            if ppo and rl.use_kl_in_reward:  # verl's name for the KL the reward was penalised by
-                kl = metrics["actor/reward_kl_penalty"] = float(masked_mean(targets.kl, mask))
+            if estimate.reward_kl is not None:  # verl's name for the KL the reward was penalised by
+                kl = metrics["actor/reward_kl_penalty"] = float(masked_mean(estimate.reward_kl, mask))
             self.kl_ctrl.update(kl, len(batch.responses))
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
@@ -255,12 +234,16 @@ class TrainerSession:
             gap = rollout_agreement(unreplayed, batch, mask, self.version).get("train_rollout_logprob_diff")
             if gap is not None:
                 metrics["train_rollout_logprob_diff_unreplayed"] = gap
-        if ppo:
-            with record_function("critic_update"):
-                critic_out = self.critic.update(samples, values, targets.returns, step)
-            metrics.update({f"critic/{k}": v for k, v in critic_out.as_dict().items()})
-        metrics["actor/advantage_abs_mean"] = float(masked_mean(advantages.abs(), mask))
+        metrics.update(self.estimator.update(samples, estimate, step))
+        metrics["actor/advantage_abs_mean"] = float(masked_mean(estimate.advantages.abs(), mask))
         return metrics
+
+    def _update_config(self, estimate: Estimate) -> UpdateConfig:
+        """The policy update's settings this step: with an adaptive KL controller, its coefficient on the loss's KL term
+        (when the KL is in the loss, not in the reward)."""
+        if self.kl_ctrl.target and estimate.ref_logprobs is not None:
+            return replace(self.update_cfg, loss=replace(self.update_cfg.loss, kl_coef=self.kl_ctrl.value))
+        return self.update_cfg
 
     def weight_stream(self) -> HfWeightStream | None:
         """The policy in HF names, one push bucket at a time (trainer.bucket_mb, in the replicas' dtype): a collective
@@ -295,8 +278,7 @@ class TrainerSession:
         root = self.cfg.megatron_training.save
         if not root:
             return None
-        if self.critic is not None:
-            self.critic.save(root, self._train_state())
+        self.estimator.save(root, self._train_state())
         return save_checkpoint(root, self.model, self.optimizer, self._train_state(), self.cfg.megatron_training.load)
 
     def close(self) -> None:
