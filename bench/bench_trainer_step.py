@@ -38,6 +38,7 @@ MIN_RESPONSE = 4
 # --profile: the parts of dockrl's step, as (module, object, attribute, label); a part nested in
 # another is listed after it and printed indented.
 PARTS = (
+    ("services.trainer.algorithm.estimators.interface", None, "compute_logprobs", "no-grad log-prob pass"),
     ("services.trainer.loop.session", None, "compute_logprobs", "no-grad log-prob pass"),
     ("services.trainer.algorithm.update", None, "compute_logprobs", "no-grad log-prob pass"),
     ("services.trainer.modeling.model_inputs", "ModelInputs", "run", "model forward"),
@@ -48,7 +49,7 @@ PARTS = (
     ("torch", "Tensor", "backward", "backward"),
     ("megatron.core.distributed", None, "finalize_model_grads", "gradient reduction (megatron DDP)"),
     ("megatron.core.optimizer.optimizer", "ChainedOptimizer", "step", "clipping + optimizer (megatron Adam)"),
-    ("services.trainer.loop.session", None, "group_norm_advantages", "advantages"),
+    ("services.trainer.algorithm.estimators.group_norm", None, "group_norm_advantages", "advantages"),
 )
 
 

@@ -214,6 +214,11 @@ class Dock:
         n = self.layout.n_samples_per_prompt
         return [g * n + j for g in groups for j in range(n)]
 
+    @property
+    def name(self) -> str:
+        """The run's place in Redis as logs name it: `prefix:{run_id}`."""
+        return self.keys.base.rstrip(":")
+
     def exists(self) -> bool:
         """True when the run's pool is in Redis (the trainer created it and nobody destroyed it since)."""
         return bool(self._call(self.client.exists, self.keys.meta))

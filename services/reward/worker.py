@@ -190,7 +190,7 @@ class RewardWorker:
         last_beat = -float("inf")  # register on the first pass
         window = _Window(time.monotonic())
         waiting_for = ""
-        log_event(logger, "dock worker started", replica=replica_id, consumer=self.consumer, run=self.dock.keys.base)
+        log_event(logger, "dock worker started", replica=replica_id, consumer=self.consumer, run=self.dock.name)
         if self.decoder.available:  # meanwhile the dock is made and the rollout replicas start
             self.decoder.preload()
         try:
