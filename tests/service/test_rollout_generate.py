@@ -3,6 +3,8 @@ bad requests get clear errors; the queue bound answers 429 / RESOURCE_EXHAUSTED.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 
 import grpc
 import httpx
@@ -170,25 +172,32 @@ def test_queue_bound_answers_429_and_resource_exhausted(servers):
 
 
 def test_abort_needs_the_token_and_stops_a_request(servers):
-    """Once the request has its first tokens the replica's engine is frozen, so the Abort cannot race the
-    request's end (under load a 120-token request used to finish first in all of three tries)."""
+    """The replica's engine is frozen before the request is sent, so no token of it can be generated and
+    the Abort cannot race the request's end (CI's run of 6291e93 saw a 120-token request finish between
+    its first streamed chunk and a freeze that came after it)."""
     stub = rollout_stub(servers.a)
     request_id = "abort-me"
-    stream = stub.GenerateStream(rollout_pb2.GenerateRequest(
-        request_id=request_id, token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]),
-        sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=120, ignore_eos=True),
-    ))
-    first = next(stream)
     servers.a.freeze_engine()
     try:
-        with pytest.raises(grpc.RpcError) as info:
-            stub.Abort(rollout_pb2.AbortRequest(request_id=request_id))
-        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), metadata=bearer_metadata(TOKEN)).aborted
+        stream = stub.GenerateStream(rollout_pb2.GenerateRequest(
+            request_id=request_id, token_ids=rollout_pb2.TokenIds(ids=PROMPTS[0]),
+            sampling=rollout_pb2.SamplingParams(temperature=0, max_tokens=120, ignore_eos=True),
+        ), timeout=120)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            chunks = pool.submit(list, stream)
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Abort(rollout_pb2.AbortRequest(request_id=request_id))
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # the request reaches the engine's table a moment after the stream opens: abort it once it is there
+            deadline = time.monotonic() + 60
+            while not stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), metadata=bearer_metadata(TOKEN)).aborted:
+                assert time.monotonic() < deadline, "the request never reached the replica's engine"
+                time.sleep(0.05)
+            servers.a.thaw_engine()
+            chunks = chunks.result(timeout=60)
     finally:
         servers.a.thaw_engine()
-    chunks = [first, *stream]
-    assert chunks[-1].finish_reason == "abort" and sum(len(c.token_ids) for c in chunks) < 120
+    assert chunks and chunks[-1].finish_reason == "abort" and sum(len(c.token_ids) for c in chunks) < 120
     assert not stub.Abort(rollout_pb2.AbortRequest(request_id=request_id), metadata=bearer_metadata(TOKEN)).aborted
 
 
