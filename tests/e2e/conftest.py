@@ -41,22 +41,28 @@ def up_argv(warm_model: pathlib.Path, base: pathlib.Path, overrides=(), config: 
             *[f"--set={o}" for o in overrides]]
 
 
+def run_dockrl_up(warm_model: pathlib.Path, base: pathlib.Path, overrides=(), timeout_s: float = 900.0,
+                  config: str = "configs/tiny_cpu.yaml"):
+    """Runs `dockrl up` on `config` (a path under the repo) with overrides, its logs and checkpoints under `base`;
+    returns (metrics rows, summary, log dir), or fails the test with each service's last log lines."""
+    log_dir = base / "logs"
+    proc = subprocess.run(up_argv(warm_model, base, overrides, config), cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    metrics = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()] if (log_dir / "metrics.jsonl").exists() else []
+    summary = json.loads((log_dir / "summary.json").read_text()) if (log_dir / "summary.json").exists() else {}
+    if proc.returncode != 0:
+        tails = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
+                          for p in sorted((log_dir / "services").glob("*.log")))
+        pytest.fail(f"dockrl up exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{tails}")
+    return metrics, summary, log_dir
+
+
 @pytest.fixture
 def run_up(warm_model, tmp_path):
     """Runs `dockrl up` on the tiny config (or `config`, a path under the repo) with overrides; returns (metrics rows,
     summary, log dir). `name` keeps several runs of one test apart (their logs and checkpoints live under tmp_path/name)."""
 
     def run(*overrides: str, timeout_s: float = 900.0, name: str = "", config: str = "configs/tiny_cpu.yaml"):
-        log_dir = tmp_path / name / "logs"
-        argv = up_argv(warm_model, tmp_path / name, overrides, config)
-        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
-        metrics = [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()] if (log_dir / "metrics.jsonl").exists() else []
-        summary = json.loads((log_dir / "summary.json").read_text()) if (log_dir / "summary.json").exists() else {}
-        if proc.returncode != 0:
-            tails = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-30:])
-                              for p in sorted((log_dir / "services").glob("*.log")))
-            pytest.fail(f"dockrl up exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{tails}")
-        return metrics, summary, log_dir
+        return run_dockrl_up(warm_model, tmp_path / name, overrides, timeout_s, config)
 
     return run
 
