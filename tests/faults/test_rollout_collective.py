@@ -109,11 +109,11 @@ def test_a_refused_join_or_layout_is_listed_and_changes_nothing(replicas, weight
     before = version(x)
     intruder = CollectiveSender("wrong-token", STALL_S, "127.0.0.1")
     result = intruder.push(served, [x.grpc_target], before + 1, bucket_mb=BUCKET_MB)
-    assert result.replicas_updated == 0 and "JoinWeightGroup: UNAUTHENTICATED" in result.failed[0]
+    assert result.replicas_updated == 0 and result.failed[0].error.startswith("JoinWeightGroup: UNAUTHENTICATED")
 
     result = sender.push(served, [x.grpc_target], before + 1, bucket_mb=BUCKET_MB, dtype=torch.bfloat16)
     assert result.replicas_updated == 0
-    assert "OpenWeightTransfer: INVALID_ARGUMENT" in result.failed[0] and ".dtype: the served model holds float32, got 'bfloat16'" in result.failed[0]
+    assert result.failed[0].error.startswith("OpenWeightTransfer: INVALID_ARGUMENT") and ".dtype: the served model holds float32, got 'bfloat16'" in result.failed[0].error
     assert version(x) == before
     rollout_stub(x).Generate(greedy_request(PROMPTS[0], 2), timeout=30)  # still generating (not paused)
 
@@ -151,10 +151,10 @@ def test_a_stopped_replica_is_listed_after_the_stall_limit_and_takes_the_next_pu
                     f"the push ends within ~push_stall_s: the running replica at version {old + 1}, the stopped one listed; "
                     "once resumed it keeps its old version and takes the next push",
                     f"push ended after {took:.1f} s: {result.replicas_updated} updated (running replica version {x_version}), "
-                    f"failed {[f.split(': ', 1)[1][:60] for f in result.failed]}; resumed replica at version {y_version}, "
+                    f"failed {[f.error[:60] for f in result.failed]}; resumed replica at version {y_version}, "
                     f"after the next push {y_after} ({again.replicas_updated} updated)",
                     result.replicas_updated == 1 and x_version == old + 1 and took < 2 * STALL_S + 10
-                    and len(result.failed) == 1 and result.failed[0].startswith(y.grpc_target)
+                    and len(result.failed) == 1 and result.failed[0].address == y.grpc_target
                     and y_version == old and again.replicas_updated == 1 and y_after == old + 1)
 
 
@@ -278,6 +278,6 @@ def test_a_replica_whose_worker_is_killed_mid_broadcast_is_listed_and_the_other_
                     f"the push ends within push_stall_s ({STALL_S:.0f} s): the other replica at version {old + 1}, the dead one listed; "
                     "the dead replica exits non-zero (its supervisor restarts it)",
                     f"push ended after {took:.1f} s: {result.replicas_updated} updated (other replica version {x_version}), "
-                    f"failed {[f.split(': ', 1)[1][:60] for f in result.failed]}; replica exited {exit_code}",
+                    f"failed {[f.error[:60] for f in result.failed]}; replica exited {exit_code}",
                     result.replicas_updated == 1 and x_version == old + 1 and took < STALL_S + 5
-                    and len(result.failed) == 1 and result.failed[0].startswith(y.grpc_target) and exit_code not in (0, None))
+                    and len(result.failed) == 1 and result.failed[0].address == y.grpc_target and exit_code not in (0, None))

@@ -235,8 +235,8 @@ def test_a_hung_replica_misses_the_push_after_the_stall_limit_and_the_others_get
                     f"the push ends within ~push_stall_s: the running replica at version {old_version + 1}, the stopped one "
                     "listed as STALLED; once resumed it still serves its old version and takes the next push",
                     f"push ended after {took:.1f} s: {result.replicas_updated} updated (running replica version {healthy_version}), "
-                    f"failed {[f.split(': ', 1)[1][:40] for f in result.failed]}; resumed replica at version {hung_version}, "
+                    f"failed {[f.error[:40] for f in result.failed]}; resumed replica at version {hung_version}, "
                     f"after the next push {hung_after} ({again.replicas_updated} updated)",
                     result.replicas_updated == 1 and healthy_version == old_version + 1 and took < STALL_S + 30
-                    and len(result.failed) == 1 and result.failed[0].startswith(f"{hung.grpc_target}: STALLED")
+                    and len(result.failed) == 1 and result.failed[0].address == hung.grpc_target and result.failed[0].error.startswith("STALLED")
                     and hung_version == 0 and again.replicas_updated == 1 and hung_after == old_version + 1)

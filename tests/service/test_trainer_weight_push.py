@@ -122,7 +122,7 @@ def test_a_refused_push_is_reported_and_leaves_the_served_version(replicas, trai
     result = push_weights(stream_hf_weights(model, layout, 0.25, torch.bfloat16), addresses[:1], before + 1, bucket_mb=0.25,
                           dtype=torch.bfloat16)
     assert result.replicas_updated == 0
-    assert len(result.failed) == 1 and "INVALID_ARGUMENT" in result.failed[0] and "dtype" in result.failed[0]
+    assert len(result.failed) == 1 and "INVALID_ARGUMENT" in result.failed[0].error and "dtype" in result.failed[0].error
     assert sample(addresses[0])[2] == before
 
 

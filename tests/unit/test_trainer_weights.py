@@ -10,7 +10,7 @@ from services.trainer.modeling.checkpoint_convert import load_hf_state
 from services.common.weight_wire import (MIB, TensorSlot, WeightBucket, bucket_slots, chunk_messages, pack_bucket, pack_into,
                                          plan_buckets, torch_dtype)
 from services.trainer.weights.collective_push import CollectiveSender
-from services.trainer.weights.weight_push import push_weights
+from services.trainer.weights.weight_push import PushFailure, push_weights
 
 
 def unpack_bucket(bucket: WeightBucket) -> dict[str, torch.Tensor]:
@@ -132,7 +132,7 @@ def test_push_to_an_unreachable_replica_reports_it():
         address = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connection refused
         result = push_weights(mixed_tensors(), [address], version=3, bucket_mb=1, timeout_s=10)
     assert result.replicas_updated == 0 and result.version == 3
-    assert len(result.failed) == 1 and result.failed[0].startswith(f"{address}: UNAVAILABLE")
+    assert len(result.failed) == 1 and result.failed[0].address == address and result.failed[0].error.startswith("UNAVAILABLE")
 
 
 def test_push_to_a_replica_that_never_answers_misses_it_after_the_stall_limit():
@@ -143,7 +143,7 @@ def test_push_to_a_replica_that_never_answers_misses_it_after_the_stall_limit():
         t0 = time.monotonic()
         result = push_weights(mixed_tensors(), [address], version=3, bucket_mb=1, timeout_s=120, stall_s=1.0)
         took = time.monotonic() - t0
-    assert result.replicas_updated == 0 and result.failed == (f"{address}: STALLED: no progress for 1 s (hung or stopped?)",)
+    assert result.replicas_updated == 0 and result.failed == (PushFailure(address, "STALLED: no progress for 1 s (hung or stopped?)"),)
     assert took < 20, f"the push waited {took:.1f} s on a hung replica with stall_s 1"
 
 

@@ -28,7 +28,7 @@ from datetime import timedelta
 import torch
 
 from services.common.weight_wire import BucketSource, TensorSlot, as_buckets, bucket_slots, torch_dtype
-from services.trainer.weights.weight_push import PushResult, describe_rpc_error
+from services.trainer.weights.weight_push import PushFailure, PushResult, describe_rpc_error
 
 TRAINER_RANK = 0
 
@@ -81,7 +81,7 @@ class CollectiveSender:
         for address in failed:
             self._drop(address)
         return PushResult(version, sent, time.perf_counter() - start, len(layouts), updated,
-                          tuple(f"{a}: {reason}" for a, reason in failed.items()), peak)
+                          tuple(PushFailure(a, reason) for a, reason in failed.items()), peak)
 
     def close(self) -> None:
         """Leaves every group and closes the channels."""

@@ -59,12 +59,12 @@ class ReplicaSync:
         log_event(logger, "weights pushed", version=version, replicas=result.replicas_updated, mb=f"{result.bytes_sent / 2**20:.1f}",
                   seconds=f"{result.seconds:.2f}", failed=len(result.failed), transport=tcfg.weight_transport)
         for failure in result.failed:
-            log_event(logger, "replica missed the push", level=logging.WARNING, detail=failure)
+            log_event(logger, "replica missed the push", level=logging.WARNING, replica=failure.address, error=failure.error)
         return result
 
     def _push_to(self, weights: BucketSource, replicas: list, version: int) -> PushResult:
         result = self._push(weights, [r.address for r in replicas], version)
-        failed = {f.split(": ", 1)[0] for f in result.failed}
+        failed = {f.address for f in result.failed}
         self._pushed.update({r.replica_id: version for r in replicas if r.address not in failed})
         return result
 

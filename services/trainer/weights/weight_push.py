@@ -28,6 +28,17 @@ _END = object()
 
 
 @dataclass(frozen=True)
+class PushFailure:
+    """A replica that missed a push, and why."""
+
+    address: str  # host:port of its gRPC server
+    error: str  # the failed call as "CODE details", or why the stream was given up ("STALLED: ...")
+
+    def __str__(self) -> str:
+        return f"{self.address}: {self.error}"
+
+
+@dataclass(frozen=True)
 class PushResult:
     """What one push did."""
 
@@ -36,7 +47,7 @@ class PushResult:
     seconds: float  # wall time from the first bucket packed to the last replica's answer
     num_buckets: int
     replicas_updated: int  # replicas that answered with the new version (chain: counted by the head)
-    failed: tuple[str, ...]  # "address: error" for each stream that failed
+    failed: tuple[PushFailure, ...]  # each replica whose stream failed
     replica_peak_extra_bytes: int = 0  # collective path: the largest peak resident memory a replica's worker added while receiving
 
 
@@ -146,7 +157,7 @@ def push_weights(tensors: Mapping[str, torch.Tensor] | BucketSource, addresses: 
             updated += max(1, response.replicas_updated)
         except Exception as exc:  # grpc.RpcError, cancellations and timeouts: this replica missed the push
             reason = f"STALLED: no progress for {stall_s:.0f} s (hung or stopped?)" if s.stalled else describe_rpc_error(exc)
-            failed.append(f"{s.address}: {reason}")
+            failed.append(PushFailure(s.address, reason))
     for s in streams:
         s.close()
     return PushResult(version, sent, time.perf_counter() - start, len(plan), updated, tuple(failed))
