@@ -12,10 +12,10 @@ from collections.abc import Callable
 from services.common.config import Config
 from services.common.errors import Unavailable
 from services.common.log import log_event
-from services.common.weight_wire import BucketSource, torch_dtype
+from services.common.weight_wire import BucketSource
 from services.dock.registry import ReplicaRegistry
-from services.trainer.weights.collective_push import CollectiveSender
-from services.trainer.weights.weight_push import PushResult, push_weights
+from services.trainer.weights.transport import build_transport
+from services.trainer.weights.weight_push import PushResult
 
 logger = logging.getLogger("dockrl.trainer")
 
@@ -26,15 +26,10 @@ class ReplicaSync:
     def __init__(self, cfg: Config, registry: ReplicaRegistry | None, token: str):
         self._cfg = cfg
         self._registry = registry
-        self._token = token
-        self._dtype = torch_dtype(cfg.generate_config.dtype)  # the replicas' serving dtype: buckets travel in it
         # replica id -> version last pushed to it: the registry learns a new version only at the
         # replica's next heartbeat, and one push of a version is enough.
         self._pushed: dict[str, int] = {}
-        tcfg = cfg.trainer
-        # trainer.weight_transport collective: the replicas' weight groups, kept from push to push
-        self._collective = (CollectiveSender(token, tcfg.push_stall_s, tcfg.weight_group_host or tcfg.host)
-                            if tcfg.weight_transport == "collective" else None)
+        self._transport = build_transport(cfg, token)
 
     def live_addresses(self) -> list[str]:
         """gRPC addresses of the live rollout replicas, sorted by replica id."""
@@ -50,14 +45,9 @@ class ReplicaSync:
         return addresses
 
     def _push(self, weights: BucketSource, addresses: list[str], version: int) -> PushResult:
-        tcfg = self._cfg.trainer
-        if self._collective is not None:
-            result = self._collective.push(weights, addresses, version, bucket_mb=tcfg.bucket_mb, dtype=self._dtype)
-        else:
-            result = push_weights(weights, addresses, version, bucket_mb=tcfg.bucket_mb, mode=tcfg.push_mode, token=self._token,
-                                  dtype=self._dtype, stall_s=tcfg.push_stall_s)
+        result = self._transport.push(weights, addresses, version)
         log_event(logger, "weights pushed", version=version, replicas=result.replicas_updated, mb=f"{result.bytes_sent / 2**20:.1f}",
-                  seconds=f"{result.seconds:.2f}", failed=len(result.failed), transport=tcfg.weight_transport)
+                  seconds=f"{result.seconds:.2f}", failed=len(result.failed), transport=self._cfg.trainer.weight_transport)
         for failure in result.failed:
             log_event(logger, "replica missed the push", level=logging.WARNING, replica=failure.address, error=failure.error)
         return result
