@@ -69,7 +69,7 @@ class _GatherSequence(torch.autograd.Function):
     def forward(ctx, local, index, group):
         cp = index.size(0)
         gathered = local.new_empty((cp * local.size(0), *local.shape[1:]))
-        dist.all_gather_into_tensor(gathered, local.contiguous(), group=group)
+        dist.all_gather_single(gathered, local.contiguous(), group=group)
         whole = torch.empty_like(gathered)
         whole[index.reshape(-1).to(local.device)] = gathered
         ctx.mine = index[dist.get_rank(group)].to(local.device)
