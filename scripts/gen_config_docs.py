@@ -14,13 +14,13 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.common import config as C  # noqa: E402
-from services.common.config_types import type_name  # noqa: E402
+from services.common.config.types import type_name  # noqa: E402
 
 INTRO = """# Configuration reference
 
 One YAML file; sections and keys as in MindSpeed-RL where they exist there. Every key is optional;
 the default is shown. Validation runs once at load (`dockrl config check --config FILE`, pydantic
-on the sections of `services/common/config.py`) and reports every error with its key path; a key's
+on the sections of `services/common/config/`) and reports every error with its key path; a key's
 own range or choices are in its type column, checks that span several keys follow the tables' rules.
 Integers, booleans and lists are read strictly (`2.5`, `"2"` or `yes` for an integer or a boolean
 are errors); a number may be written as an integer or as `1e-6`. `--set section.key=value` overrides a key.

@@ -14,7 +14,7 @@ import pathlib
 import time
 from dataclasses import dataclass, field
 
-from services.common.config_types import config_section
+from services.common.config.types import config_section
 from services.common.templates import render_prompt
 
 logger = logging.getLogger("dockrl.data")

@@ -1,0 +1,61 @@
+"""The rollout sections: vLLM's engine and sampling settings (generate_config) and the rollout service (rollout)."""
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Literal
+
+from services.common.config.types import (
+    NonNegativeFloat, NonNegativeInt, Port, PositiveFloat, PositiveInt, Probability, Share, config_section,
+)
+
+
+@config_section
+class SamplingConfig:
+    """vLLM sampling parameters used for rollout (generate_config.sampling_config)."""
+
+    temperature: NonNegativeFloat = 1.0  # softmax temperature; 0 is greedy
+    top_p: Probability = 1.0  # nucleus sampling mass in (0, 1]
+    top_k: int = -1  # -1 disables top-k
+    min_p: Share = 0.0  # minimum token probability relative to the best token
+    max_tokens: PositiveInt = 2048  # response budget; must equal rl_config.rollout_max_tokens
+    logprobs: NonNegativeInt = 1  # 1 returns the sampled token's logprob (the trainer needs it)
+    n: PositiveInt = 1  # completions per request; the dock worker asks n_samples_per_prompt
+    stop: tuple[str, ...] = ()  # strings that end a response
+    seed: int | None = None  # base of the rollout rows' seeds (each row: a hash of it, the prompt and its index in the group); null: megatron_training.seed; the API's default seed
+    detokenize: bool = False  # return text as well as token ids to the dock worker
+
+
+@config_section
+class GenerateConfig:
+    """The rollout engine (vLLM) settings."""
+
+    infer_tensor_parallel_size: int = 1  # vLLM tensor parallel size per rollout replica
+    infer_pipeline_parallel_size: int = 1  # vLLM pipeline parallel size per rollout replica
+    max_num_seqs: PositiveInt = 256  # sequences vLLM schedules at once
+    max_model_len: PositiveInt = 4096  # prompt + response tokens the engine accepts
+    max_num_batched_tokens: int = 8192  # tokens per engine step
+    gpu_memory_utilization: Probability = 0.9  # share of accelerator memory vLLM may take
+    enforce_eager: bool = True  # no CUDA graphs or torch.compile (MoE expert token counts for EPLB need it: docs/moe.md)
+    enable_prefix_caching: bool = False  # reuse KV cache across requests with a common prefix
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"  # the rollout engine's weights and activations (pushed weights are cast to it)
+    trust_remote_code: bool = False  # allow model code from the checkpoint directory
+    seed: int = 1234  # random seed
+    cpu_kvcache_space_gb: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
+    expert_map_path: str = ""  # MoE, MindSpeed-RL's key: an expert map file (vllm-ascend's format, written by `dockrl eplb`); each replica checks it at start and reports its imbalance on GET /v1/expert_load (docs/moe.md)
+    tool_call_parser: str = ""  # vLLM's --tool-call-parser (e.g. hermes for Qwen) with auto tool choice on the HTTP API; "": tools off
+    sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@config_section
+class RolloutServiceConfig:
+    """Where rollout replicas listen and how much they queue."""
+
+    host: str = "127.0.0.1"  # bind address
+    grpc_port: Port = 50051  # gRPC port of the first replica (replica i: + i); 0: each binds a free one
+    http_port: Port = 8000  # OpenAI-compatible HTTP port of the first replica (replica i: + i); 0: each binds a free one
+    replicas: PositiveInt = 1  # replicas `dockrl up` starts
+    max_queue: PositiveInt = 256  # requests waiting or running; past it 429 / RESOURCE_EXHAUSTED
+    served_model_name: str = ""  # default: the model directory's name
+    heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
+    omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU (auto: distinct cores per replica, one each left for its scheduler)
+    drain_s: PositiveFloat = 30.0  # on SIGTERM: seconds to finish or return held work and stop the engine, in all
