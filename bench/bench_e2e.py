@@ -163,6 +163,7 @@ def reference_loop(cfg, iters: int, engine: str) -> list[dict[str, float]]:
     from services.common.prompt_file import read_prompt_file
     from services.reward.pool import InProcessRunner
     from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+    from services.dock.rows import ScoredSample
     from services.trainer.loop.iteration_data import ScoredBatch
     from services.trainer.loop.prompt_stream import PromptStream
 
@@ -180,15 +181,12 @@ def reference_loop(cfg, iters: int, engine: str) -> list[dict[str, float]]:
         prompts = stream.take(mt.global_batch_size)
         responses = generate(prompts)
         generated = time.perf_counter()
-        batch = ScoredBatch.empty()
-        for row, response in enumerate(responses):
-            batch.indexes.append(row)
-            batch.prompts.append(prompts[row // rl.n_samples_per_prompt].prompt_ids)
-            batch.responses.append(response)
-        labels = [prompts[row // rl.n_samples_per_prompt].label for row in range(len(batch.responses))]
+        labels = [prompts[row // rl.n_samples_per_prompt].label for row in range(len(responses))]
         scored = score_samples([ScoreInput(tokenizer.decode(r, skip_special_tokens=True), label, len(r))
-                                for r, label in zip(batch.responses, labels)], plan, runner)
-        batch.scores.extend(s.total for s in scored)
+                                for r, label in zip(responses, labels)], plan, runner)
+        batch = ScoredBatch([ScoredSample(np.asarray(prompts[row // rl.n_samples_per_prompt].prompt_ids, np.int32),
+                                          np.asarray(response, np.int32), s.total, None, None, None, None, None)
+                             for row, (response, s) in enumerate(zip(responses, scored))], list(range(len(responses))))
         rewarded = time.perf_counter()
         step(batch)
         updated = time.perf_counter()

@@ -28,6 +28,7 @@ import random
 import sys
 import time
 
+import numpy as np
 import torch
 
 from common import REPO, interleaved, machine_line, median, paired, parser, progress, ratio, work_dir
@@ -67,21 +68,20 @@ def tiny_config(work):
 
 def scored_batch(cfg, prompts, seed: int):
     """GBS groups of n samples on the data's prompts: random response tokens and 0/1 rewards, rollout log-probs -1."""
+    from services.dock.rows import ScoredSample
     from services.trainer.loop.iteration_data import ScoredBatch
 
     rng = random.Random(seed)
     n, max_tokens = cfg.rl_config.n_samples_per_prompt, cfg.generate_config.sampling_config.max_tokens
-    batch = ScoredBatch.empty()
+    batch = ScoredBatch()
     for _ in range(cfg.megatron_training.global_batch_size):
-        prompt = list(rng.choice(prompts).prompt_ids)
+        prompt = np.asarray(rng.choice(prompts).prompt_ids, dtype=np.int32)
         for _ in range(n):
             length = rng.randint(MIN_RESPONSE, max_tokens)
             batch.indexes.append(len(batch.indexes))
-            batch.prompts.append(prompt)
-            batch.responses.append([rng.randrange(256) for _ in range(length)])
-            batch.scores.append(float(rng.random() < 0.5))
-            batch.rollout_logprobs.append([-1.0] * length)
-            batch.versions.append([0] * length)
+            batch.samples.append(ScoredSample(prompt, np.array([rng.randrange(256) for _ in range(length)], np.int32),
+                                              float(rng.random() < 0.5), np.full(length, -1.0, np.float32),
+                                              np.zeros(length, np.int32), None, None, None))
     return batch
 
 
@@ -103,17 +103,17 @@ class PlainStep:
         """One optimizer step on `batch` (a ScoredBatch): group-normalised advantages, clipped loss over micro-batches."""
         rewards = torch.tensor(batch.scores).view(-1, self.n)
         advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).view(-1)
-        tokens = sum(len(r) for r in batch.responses)
+        tokens = sum(batch.response_lengths)
         self.optimizer.zero_grad(set_to_none=True)
         self.loss = 0.0
         for start in range(0, len(batch), self.micro):
             rows = range(start, min(len(batch), start + self.micro))
-            seqs = [batch.prompts[i] + batch.responses[i] for i in rows]
+            seqs = [batch.samples[i].prompt_ids.tolist() + batch.samples[i].response_ids.tolist() for i in rows]
             ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
             mask = torch.zeros(len(seqs), ids.size(1) - 1)
             for j, (i, seq) in enumerate(zip(rows, seqs)):
                 ids[j, : len(seq)] = torch.tensor(seq)
-                mask[j, len(batch.prompts[i]) - 1: len(seq) - 1] = 1.0  # positions predicting a response token
+                mask[j, len(batch.samples[i].prompt_ids) - 1: len(seq) - 1] = 1.0  # positions predicting a response token
             logits = self.model(input_ids=ids).logits[:, :-1].float()
             logp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
             ratio = torch.exp(logp - logp.detach())
@@ -217,8 +217,8 @@ def main() -> int:
     prepare_run(cfg)
     prompts = read_prompt_file(cfg.megatron_training.data_path, "megatron_training.data_path").records
     batch = scored_batch(cfg, prompts, seed=0)
-    progress(f"batch: {len(batch)} samples, {sum(map(len, batch.responses))} response tokens, "
-             f"{sum(len(a) + len(b) for a, b in zip(batch.prompts, batch.responses))} tokens; "
+    progress(f"batch: {len(batch)} samples, {sum(batch.response_lengths)} response tokens, "
+             f"{sum(batch.prompt_lengths) + sum(batch.response_lengths)} tokens; "
              f"micro-batches of {cfg.megatron_training.micro_batch_size}; {torch.get_num_threads()} torch threads")
     session = TrainerSession.start(cfg, "", len(prompts), port=0)
     plain = PlainStep(cfg.megatron_training.load, cfg)

@@ -113,7 +113,7 @@ def test_groups_older_than_version_minus_eta_are_dropped_counted_and_replaced(do
         workers.version = 2
         batch, _ = collect_iteration(dock, stream, books, cfg, 2)
         ack_batch(dock, batch)
-    assert len(batch) == GBS * N and all(min(v) >= 1 for v in batch.versions)
+    assert len(batch) == GBS * N and all(min(s.versions) >= 1 for s in batch.samples)
     assert books.rows_stale >= GBS * N  # the version-0 groups admitted ahead, at least
     # The books balance: the rows neither trained nor dropped are the dock's live rows, beside the
     # last batch (acked, retired at the next admission); the dock lost none.
@@ -128,8 +128,8 @@ def test_a_group_with_a_failed_row_is_dropped_counted_and_replaced_not_the_end_o
     cfg, dock, stream, books = _setup(dock_factory, eta)
     with Workers(dock, fail_rows={1}) as workers:
         batch, _ = collect_iteration(dock, stream, books, cfg, 0)
-    assert len(batch) == GBS * N and all(len(r) == 2 for r in batch.responses)
-    assert books.rows_failed == N and workers.failed_prompts and workers.failed_prompts[0] not in batch.prompts
+    assert len(batch) == GBS * N and all(length == 2 for length in batch.response_lengths)
+    assert books.rows_failed == N and workers.failed_prompts and workers.failed_prompts[0] not in [s.prompt_ids.tolist() for s in batch.samples]
     assert books.prompts_put == (eta + 1) * GBS + 1  # the failed group's slot took one more prompt
 
 
@@ -141,7 +141,7 @@ def test_each_verifiers_part_reaches_the_trainers_metrics(dock_factory):
     cfg, dock, stream, books = _setup(dock_factory, 0)
     with Workers(dock):
         batch, _ = collect_iteration(dock, stream, books, cfg, 0)
-    assert [p[0] for p in batch.score_parts] == batch.scores
+    assert [float(s.parts[0]) for s in batch.samples] == batch.scores
     metrics = batch_metrics(batch, 0, N, ("math_17k_acc", "format"))
     assert metrics["math_17k_acc_rewards/mean"] == pytest.approx(metrics["reward/mean"])
     assert metrics["format_rewards/mean"] == pytest.approx(0.5)

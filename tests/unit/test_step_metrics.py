@@ -1,5 +1,6 @@
 """The per-step metrics a user reads in metrics.jsonl and TensorBoard, under MindSpeed-RL's names."""
 import pytest
+from trainer_helpers import scored_batch
 
 from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
@@ -7,10 +8,9 @@ from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
 
 def _batch() -> ScoredBatch:
     # two groups of 2: prompts of 3 and 1 tokens, responses of 2, 4, 1, 1 tokens; versions 5 and 4 (lag 0 and 1)
-    batch = ScoredBatch([0, 1, 2, 3], [[1, 2, 3], [1, 2, 3], [7], [7]], [[5, 6], [5, 6, 7, 8], [9], [9]], [1.0, 0.0, 0.5, 0.5],
-                        [[-1.0] * 2, [-1.0] * 4, [-1.0], [-1.0]], [[5, 5], [5, 4, 4, 4], [5], [5]])
-    batch.score_parts = [[1.0, 0.0], [0.0, 0.0], [0.5, 1.0], None]  # the last row stored no parts
-    return batch
+    return scored_batch([[1, 2, 3], [1, 2, 3], [7], [7]], [[5, 6], [5, 6, 7, 8], [9], [9]], [1.0, 0.0, 0.5, 0.5],
+                        [[-1.0] * 2, [-1.0] * 4, [-1.0], [-1.0]], [[5, 5], [5, 4, 4, 4], [5], [5]],
+                        [[1.0, 0.0], [0.0, 0.0], [0.5, 1.0], None])  # the last row stored no parts
 
 
 def test_lengths_lag_flat_groups_and_each_verifiers_mean():

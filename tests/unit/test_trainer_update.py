@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 import torch
-from trainer_helpers import megatron_tp1, random_batch, tiny_hf_model
+from trainer_helpers import megatron_tp1, random_batch, scored_batch, tiny_hf_model
 
 from services.common.config import MegatronTrainingConfig
 from services.trainer.algorithm.advantages import group_norm_advantages
@@ -113,13 +113,12 @@ def test_update_hands_back_the_log_probs_before_its_first_step(hf_dir, cfg):
 
 
 def test_rollout_agreement_compares_only_samples_the_current_weights_generated_whole():
-    from services.trainer.loop.iteration_data import ScoredBatch
     from services.trainer.loop.session import rollout_agreement
 
     trainer = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, 0.0]])
     # sample 0: two tokens of version 3 (current), one of version 2 (a partial rollout's older round); sample 1: two tokens
-    batch = ScoredBatch([0, 1], [[1], [1]], [[5, 6, 7], [5, 6]], [1.0, 0.0], [[-1.5, -2.5, -9.0], [-1.0, -1.25]],
-                        [[2, 3, 3], [3, 3]])
+    batch = scored_batch([[1], [1]], [[5, 6, 7], [5, 6]], [1.0, 0.0], [[-1.5, -2.5, -9.0], [-1.0, -1.25]],
+                         [[2, 3, 3], [3, 3]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     metrics = rollout_agreement(trainer, batch, mask, version=3)
     # sample 0 began on older weights (its later tokens may sit on their KV cache): only sample 1 is compared

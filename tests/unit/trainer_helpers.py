@@ -11,10 +11,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
 from services.common.config import InitModelConfig
 from services.common.tiny_model import build_tiny_model
+from services.dock.rows import ScoredSample
+from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.modeling.logprobs import ResponseBatch
 from services.trainer.weights.gather import HfWeightStream, model_state
 
@@ -49,6 +52,16 @@ def random_batch(seed: int, prompt_lengths: list[int], response_lengths: list[in
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in prompt_lengths]
     responses = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in response_lengths]
     return ResponseBatch.from_lists(prompts, responses)
+
+
+def scored_batch(prompts: list[list[int]], responses: list[list[int]], scores: list[float], log_probs: list[list[float]],
+                 versions: list[list[int]], parts: list[list[float] | None] | None = None) -> ScoredBatch:
+    """A batch of rows 0..B-1 as the dock would give them: each sample's fields in the dock's dtypes."""
+    parts = parts or [None] * len(prompts)
+    return ScoredBatch([ScoredSample(np.array(p, np.int32), np.array(r, np.int32), s, np.array(lp, np.float32),
+                                     np.array(v, np.int32), None if part is None else np.array(part, np.float32), None, None)
+                        for p, r, s, lp, v, part in zip(prompts, responses, scores, log_probs, versions, parts)],
+                       list(range(len(prompts))))
 
 
 def megatron_tp1(hf_dir: pathlib.Path):

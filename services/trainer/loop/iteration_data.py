@@ -35,56 +35,45 @@ PROMPT_PUT_ROWS = 4096
 
 @dataclass
 class ScoredBatch:
-    """GBS complete groups, rows in group order: every list has B = groups * n entries, one per claimed
-    ScoredSample (services/dock/rows.py), as the lists the trainer's step reads."""
+    """GBS complete groups as the trainer trains them: the claimed ScoredSamples (services/dock/rows.py) in group
+    order, their dock rows, and the claims whose leases hold them until the ack. The views the step and the metrics
+    read across samples are the properties below; the tensors are built from the samples in session.py."""
 
-    indexes: list[int]
-    prompts: list[list[int]]  # [B][P]
-    responses: list[list[int]]  # [B][L]
-    scores: list[float]  # [B]
-    rollout_logprobs: list[list[float]]  # [B][L]
-    versions: list[list[int]]  # [B][L], policy version per token
+    samples: list[ScoredSample] = field(default_factory=list)  # [B], B = groups * n
+    indexes: list[int] = field(default_factory=list)  # [B] each sample's dock row
     claims: list[Claim] = field(default_factory=list)
-    score_parts: list[list[float] | None] = field(default_factory=list)  # [B][V] each verifier's score; None: not stored
-    # [B] uint8 [P+L-1, MoE layers, top_k] the rollout's routing (rl_config.routing_replay); None: not stored
-    routed_experts: list[np.ndarray | None] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.indexes)
+        return len(self.samples)
+
+    @property
+    def scores(self) -> list[float]:
+        """[B] each sample's reward."""
+        return [sample.score for sample in self.samples]
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """[B] each sample's prompt tokens."""
+        return [len(sample.prompt_ids) for sample in self.samples]
+
+    @property
+    def response_lengths(self) -> list[int]:
+        """[B] each sample's response tokens."""
+        return [len(sample.response_ids) for sample in self.samples]
 
     def extend(self, claim: Claim) -> None:
         """Adds a claim's rows, sorted by index so groups stay contiguous."""
         samples = ScoredSample.from_claim(claim)
         for i in sorted(range(len(claim.indexes)), key=claim.indexes.__getitem__):
-            sample = samples[i]
+            self.samples.append(samples[i])
             self.indexes.append(claim.indexes[i])
-            self.prompts.append(np.asarray(sample.prompt_ids).astype(int).tolist())
-            self.responses.append(np.asarray(sample.response_ids).astype(int).tolist())
-            self.scores.append(sample.score)
-            self.rollout_logprobs.append(np.asarray(sample.log_probs, dtype=np.float64).tolist())
-            self.versions.append(np.asarray(sample.versions).astype(int).tolist())
-            self.score_parts.append(None if sample.parts is None else np.asarray(sample.parts, dtype=np.float64).tolist())
-            self.routed_experts.append(sample.routed_experts)
         self.claims.append(claim)
-
-    @classmethod
-    def empty(cls) -> "ScoredBatch":
-        return cls([], [], [], [], [], [])
 
     def add_groups(self, other: "ScoredBatch", groups: list[int], n: int) -> None:
         """Appends groups (positions of n-row blocks in `other`) of another batch, claims excluded."""
         for g in groups:
-            for i in range(g * n, (g + 1) * n):
-                self.indexes.append(other.indexes[i])
-                self.prompts.append(other.prompts[i])
-                self.responses.append(other.responses[i])
-                self.scores.append(other.scores[i])
-                self.rollout_logprobs.append(other.rollout_logprobs[i])
-                self.versions.append(other.versions[i])
-                if other.score_parts:
-                    self.score_parts.append(other.score_parts[i])
-                if other.routed_experts:
-                    self.routed_experts.append(other.routed_experts[i])
+            self.samples += other.samples[g * n:(g + 1) * n]
+            self.indexes += other.indexes[g * n:(g + 1) * n]
 
 
 @dataclass
@@ -173,7 +162,7 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
     failed row, and with `min_version` groups holding an older token, are dropped (never trained);
     `on_drop(reason, rows)` is told how many rows, for each reason.
     """
-    batch = ScoredBatch.empty()
+    batch = ScoredBatch()
     n = dock.layout.n_samples_per_prompt
     optional = names([c for c in ScoredSample.OPTIONAL_COLUMNS if dock.layout.has(c)])
     start = last_note = time.monotonic()
@@ -256,7 +245,7 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
     import torch
 
     sampler = DynamicSampler(gbs, n, rl.filter_groups_max_batches)
-    kept = ScoredBatch.empty()
+    kept = ScoredBatch()
     while not sampler.done:
         batch = one_round()
         ack_batch(dock, batch)

@@ -52,12 +52,12 @@ def _world() -> tuple[int, int]:
 def rollout_routing(batch: ScoredBatch) -> list[torch.Tensor]:
     """Each sample's routed experts as the rollout recorded them (rl_config.routing_replay): [P+L-1, MoE layers, top_k]."""
     routed = []
-    for i, (prompt, response) in enumerate(zip(batch.prompts, batch.responses)):
-        record = batch.routed_experts[i] if batch.routed_experts else None
-        if record is None or len(record) != len(prompt) + len(response) - 1:
+    for index, sample in zip(batch.indexes, batch.samples):
+        record, positions = sample.routed_experts, len(sample.prompt_ids) + len(sample.response_ids) - 1
+        if record is None or len(record) != positions:
             got = "none" if record is None else f"{len(record)} positions"
-            raise ValueError(f"rl_config.routing_replay: row {batch.indexes[i]} came with {got} of routed_experts, not "
-                             f"prompt + response - 1 = {len(prompt) + len(response) - 1}; do the rollout replicas run this "
+            raise ValueError(f"rl_config.routing_replay: row {index} came with {got} of routed_experts, not "
+                             f"prompt + response - 1 = {positions}; do the rollout replicas run this "
                              "config (they record the routing only with routing_replay on)?")
         routed.append(torch.from_numpy(np.array(record, np.uint8)))  # a copy: dock values are read-only
     return routed
@@ -66,8 +66,9 @@ def rollout_routing(batch: ScoredBatch) -> list[torch.Tensor]:
 def rollout_logprob_matrix(batch: ScoredBatch, mask: torch.Tensor) -> torch.Tensor:
     """The rollout's (behaviour policy's) log-prob of each response token, [B, L] like `mask`, 0 past each response."""
     rollout = torch.zeros(mask.shape, dtype=torch.float32)
-    for i, lp in enumerate(batch.rollout_logprobs):
-        rollout[i, : len(lp)] = torch.tensor(lp[: rollout.size(1)], dtype=torch.float32)
+    for i, sample in enumerate(batch.samples):
+        log_probs = sample.log_probs[: rollout.size(1)]
+        rollout[i, : len(log_probs)] = torch.from_numpy(np.array(log_probs, np.float32))  # a copy: dock values are read-only
     return rollout
 
 
@@ -83,8 +84,8 @@ def rollout_agreement(trainer_logprobs: torch.Tensor, batch: ScoredBatch, mask: 
     rollout = rollout_logprob_matrix(batch, mask)
     current = torch.zeros_like(trainer_logprobs)  # 1 on tokens the current weights generated
     whole = torch.zeros_like(trainer_logprobs)  # 1 on every token of samples generated whole by the current weights
-    for i, versions in enumerate(batch.versions):
-        tagged = torch.tensor(versions[: current.size(1)])
+    for i, sample in enumerate(batch.samples):
+        tagged = torch.from_numpy(np.array(sample.versions[: current.size(1)], np.int64))
         current[i, : len(tagged)] = (tagged == version).float()
         if len(tagged) and bool((tagged == version).all()):
             whole[i, : len(tagged)] = 1.0
@@ -207,7 +208,8 @@ class TrainerSession:
         """The estimator's log-prob passes and advantages (with the KL in the reward, if configured), the policy update, the
         estimator's own update (the critic); returns the iteration's metrics."""
         rl, fwd = self.cfg.rl_config, self.update_cfg.forward
-        samples = ResponseBatch.from_lists(batch.prompts, batch.responses, rollout_routing(batch) if rl.routing_replay else None)
+        samples = ResponseBatch.from_lists([s.prompt_ids for s in batch.samples], [s.response_ids for s in batch.samples],
+                                           rollout_routing(batch) if rl.routing_replay else None)
         mask = samples.response_mask()
         scored = EstimatorBatch(samples, mask, torch.tensor(batch.scores, dtype=torch.float32))
         estimate = self.estimator.estimate(scored, LogProbPasses(self.model, self.ref_model, samples, fwd), self.kl_ctrl.value)
@@ -227,7 +229,7 @@ class TrainerSession:
             kl = out.metrics.kl
             if estimate.reward_kl is not None:  # verl's name for the KL the reward was penalised by
                 kl = metrics["actor/reward_kl_penalty"] = float(masked_mean(estimate.reward_kl, mask))
-            self.kl_ctrl.update(kl, len(batch.responses))
+            self.kl_ctrl.update(kl, len(batch))
         if self.cfg.trainer.log_logprob_diff:
             metrics.update(rollout_agreement(out.start_logprobs, batch, mask, self.version))
         if unreplayed is not None:

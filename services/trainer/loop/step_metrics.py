@@ -11,18 +11,19 @@ def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt
     """Reward mean/std, the share of samples with a positive reward, each verifier's mean score
     (`{verifier}_rewards/mean`, MindSpeed-RL's name; from the rows that stored their parts),
     response lengths, policy lag, flat groups."""
-    lengths = [len(r) for r in batch.responses]
-    lags = [trained_version - v for versions in batch.versions for v in versions]
-    groups = [batch.scores[i:i + n_samples_per_prompt] for i in range(0, len(batch.scores), n_samples_per_prompt)]
-    parts = [p for p in batch.score_parts if p is not None and len(p) == len(verifiers)]
+    scores = batch.scores
+    # python numbers (tolist), as the metrics are written to JSON
+    lags = [trained_version - v for sample in batch.samples for v in sample.versions.tolist()]
+    groups = [scores[i:i + n_samples_per_prompt] for i in range(0, len(scores), n_samples_per_prompt)]
+    parts = [s.parts.tolist() for s in batch.samples if s.parts is not None and len(s.parts) == len(verifiers)]
     per_verifier = {f"{name}_rewards/mean": statistics.fmean(p[i] for p in parts) for i, name in enumerate(verifiers)} if parts else {}
     return {
         **per_verifier,
-        "reward/mean": statistics.fmean(batch.scores),
-        "reward/std": statistics.pstdev(batch.scores),
-        "reward/positive_fraction": sum(s > 0 for s in batch.scores) / len(batch.scores),
-        **_length_stats("response_length", lengths),
-        **_length_stats("prompt_length", [len(p) for p in batch.prompts]),
+        "reward/mean": statistics.fmean(scores),
+        "reward/std": statistics.pstdev(scores),
+        "reward/positive_fraction": sum(s > 0 for s in scores) / len(scores),
+        **_length_stats("response_length", batch.response_lengths),
+        **_length_stats("prompt_length", batch.prompt_lengths),
         "policy_lag/mean": statistics.fmean(lags) if lags else 0.0,
         "policy_lag/max": max(lags) if lags else 0.0,
         "groups/flat_fraction": sum(len(set(g)) == 1 for g in groups) / len(groups),
@@ -39,7 +40,7 @@ def throughput_metrics(batch: ScoredBatch, rollout_s: float, train_s: float, ite
     device count; here rollout and trainer may share or not share devices, so the figure is not split):
     e2e_tps (prompt + response tokens over the iteration), update_tps (the same tokens over the train
     stage) and vllm_tps (response tokens over the wait for scored groups)."""
-    responses = sum(len(r) for r in batch.responses)
-    tokens = responses + sum(len(p) for p in batch.prompts)
+    responses = sum(batch.response_lengths)
+    tokens = responses + sum(batch.prompt_lengths)
     return {"e2e_tps": tokens / max(iteration_s, 1e-9), "update_tps": tokens / max(train_s, 1e-9),
             "vllm_tps": responses / max(rollout_s, 1e-9)}

@@ -10,10 +10,12 @@ log-probs and entropy are gathered whole before the responses' are picked out.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,19 +39,20 @@ class ResponseBatch:
     routed_experts: list[torch.Tensor] | None = None
 
     @classmethod
-    def from_lists(cls, prompts: list[list[int]], responses: list[list[int]],
+    def from_lists(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
                    routed_experts: list[torch.Tensor] | None = None) -> "ResponseBatch":
-        """Builds the padded tensor from per-sample prompt and response token ids (and their rollout routing)."""
+        """Builds the padded tensor from per-sample prompt and response token ids, lists or int arrays (a
+        ScoredSample's, as the dock gave them), and their rollout routing."""
         if len(prompts) != len(responses):
             raise ValueError(f"responses: {len(responses)} responses for {len(prompts)} prompts")
-        if any(not r for r in responses):
+        if any(len(r) == 0 for r in responses):
             raise ValueError("responses: every sample needs at least one response token")
-        if any(not p for p in prompts):
+        if any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every sample needs at least one prompt token (the first response token is predicted from it)")
         width = max(len(p) + len(r) for p, r in zip(prompts, responses))
         tokens = torch.zeros(len(prompts), width, dtype=torch.long)
         for i, (p, r) in enumerate(zip(prompts, responses)):
-            tokens[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
+            tokens[i, : len(p) + len(r)] = torch.from_numpy(np.concatenate([p, r]).astype(np.int64))
         if routed_experts is not None and len(routed_experts) != len(prompts):
             raise ValueError(f"routed_experts: {len(routed_experts)} routings for {len(prompts)} samples")
         return cls(tokens, torch.tensor([len(p) for p in prompts]), torch.tensor([len(r) for r in responses]), routed_experts)
