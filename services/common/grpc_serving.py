@@ -14,19 +14,37 @@ def add_reflection(server: grpc.Server | grpc.aio.Server, service_name: str) -> 
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
 
 
-def start_with_health(server: grpc.Server, host: str, port: int, service_name: str, what: str) -> tuple[int, health.HealthServicer]:
-    """Adds grpc.health.v1 and reflection, binds host:port (0: a free port), starts, and marks the
-    server and `service_name` SERVING; returns the bound port and the health servicer. `what`
-    names the config key for the bind error."""
-    health_servicer = health.HealthServicer()
+def _add_health_and_bind(server: grpc.Server | grpc.aio.Server, health_servicer, host: str, port: int,
+                         service_name: str, what: str) -> int:
+    """Adds `health_servicer` and reflection and binds host:port (0: a free port); returns the bound port."""
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     add_reflection(server, service_name)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"{what}: cannot bind {host}:{port}")
+    return bound
+
+
+def start_with_health(server: grpc.Server, host: str, port: int, service_name: str, what: str) -> tuple[int, health.HealthServicer]:
+    """Adds grpc.health.v1 and reflection, binds host:port (0: a free port), starts, and marks the
+    server and `service_name` SERVING; returns the bound port and the health servicer. `what`
+    names the config key for the bind error."""
+    health_servicer = health.HealthServicer()
+    bound = _add_health_and_bind(server, health_servicer, host, port, service_name, what)
     server.start()
     for name in ("", service_name):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return bound, health_servicer
+
+
+async def start_aio_with_health(server: grpc.aio.Server, host: str, port: int, service_name: str,
+                                what: str) -> tuple[int, health.aio.HealthServicer]:
+    """`start_with_health` for a grpc.aio server, on its event loop."""
+    health_servicer = health.aio.HealthServicer()
+    bound = _add_health_and_bind(server, health_servicer, host, port, service_name, what)
+    await server.start()
+    for name in ("", service_name):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return bound, health_servicer
 
 

@@ -20,6 +20,10 @@ from services.common.errors import InvalidArgument, NotFound
 from services.dock.schema import Keys
 from services.dock.scripts import redis_errors
 
+# The address of a replica that serves the dock only, with no gRPC server: a reward worker started
+# without one. The registry needs a non-empty address; callers skip these (`Replica.serves_grpc`).
+DOCK_ONLY = "dock-only"
+
 
 @dataclass(frozen=True)
 class Replica:
@@ -31,6 +35,11 @@ class Replica:
     version: int  # policy version it serves
     heartbeat_ms: int  # the replica's wall clock (ms since the epoch) at its last heartbeat
 
+    @property
+    def serves_grpc(self) -> bool:
+        """Whether `address` is a gRPC server (not `DOCK_ONLY`)."""
+        return self.address != DOCK_ONLY
+
 
 class ReplicaRegistry:
     """Register, heartbeat, list and deregister replicas of one run."""
@@ -41,6 +50,11 @@ class ReplicaRegistry:
         self.client = client
         self.keys = keys
         self._ttl_ms = int(ttl_s * 1000)
+
+    @property
+    def heartbeat_period_s(self) -> float:
+        """How often a replica heartbeats: a third of the TTL, so one late beat does not expire it."""
+        return self._ttl_ms / 3000
 
     def _key(self, replica_id: str) -> str:
         return f"{self.keys.base}replica:{replica_id}"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 
 
@@ -70,91 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(cfg, args: argparse.Namespace) -> int:
-    import signal
-    import threading
+    from services.reward.server import serve
 
-    from services.common.errors import FailedPrecondition
-    from services.common.grpc_serving import advertised_address
-    from services.common.log import log_event, setup_logging
-    from services.common.ready_file import write_ready_file
-    from services.reward.pool import VerifierPool
-    from services.reward.server import start_server
-    from services.reward.worker import RewardWorker
-
-    split = cfg.reward_config.model_replicas > 0
-    if args.kind == "model" and not split:
-        raise FailedPrecondition("--kind model: reward_config.model_replicas is 0, so every reward replica serves the reward "
-                                 "model itself; set it > 0 to run reward-model replicas apart")
-    logger = setup_logging("reward-model" if args.kind == "model" else "reward")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    # A rule replica of a split run loads no reward model: that is what the reward-model replicas are
-    # for; its gRPC Score calls that list reward_model get that part from one of them.
-    with (VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool,
-          _reward_model(cfg, args.kind == "model" or not split) as model, _remote_model(cfg, args.kind == "rule" and split) as remote):
-        # a bad dock config fails before serving
-        worker = RewardWorker.from_config(cfg, pool, model, args.kind) if args.dock else None
-        host = args.host or cfg.reward.host
-        server = start_server(cfg, pool, host, cfg.reward.grpc_port if args.port is None else args.port, model or remote)
-        if cfg.reward.metrics_port:
-            import prometheus_client
-
-            from services.common.metrics import REGISTRY
-
-            prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
-        # the file first: whoever reads the line may look for the file at once
-        if args.ready_file:
-            write_ready_file(args.ready_file, grpc_port=server.port)
-        print(f"reward server listening on {host}:{server.port}", flush=True)
-        worker_thread, worker_failed = None, threading.Event()
-
-        def run_worker() -> None:
-            # A worker that dies must take the process down: a server that only answers gRPC would
-            # stall the run where a supervisor (`dockrl up`, compose, k8s) can restart a dead one.
-            try:
-                worker.run_until(stop, advertised_address(host, server.port))
-            except Exception:
-                logger.exception("reward dock worker failed; stopping the server")
-                worker_failed.set()
-                stop.set()
-
-        if worker is not None:
-            worker_thread = threading.Thread(target=run_worker, name="reward-dock-worker", daemon=True)
-            worker_thread.start()
-        stop.wait()
-        log_event(logger, "reward server stopping")
-        server.stop()
-        if worker_thread is not None:
-            worker_thread.join(30)
-    return 1 if worker_failed.is_set() else 0
-
-
-@contextlib.contextmanager
-def _reward_model(cfg, wanted: bool = True):
-    """The reward model's engine when `wanted` and reward_config.load is set (else None), stopped on exit."""
-    if not (wanted and cfg.reward_config.load):
-        yield None
-        return
-    from services.reward.model import RewardModelScorer
-
-    with RewardModelScorer.start(cfg) as model:
-        yield model
-
-
-@contextlib.contextmanager
-def _remote_model(cfg, wanted: bool):
-    """A rule replica's way to a split run's reward-model replicas (through the run's registry), or None."""
-    if not wanted:
-        yield None
-        return
-    from services.common.auth import resolve_token
-    from services.dock.client import Dock
-    from services.reward.client import RemoteRewardModel
-
-    dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
-    with RemoteRewardModel(dock.registry(cfg.rollout.heartbeat_ttl_s)) as remote:
-        yield remote
+    return serve(cfg, args.kind, args.dock, args.host, args.port, args.ready_file)
 
 
 def _score(cfg, args: argparse.Namespace) -> int:
@@ -178,8 +95,10 @@ def _score(cfg, args: argparse.Namespace) -> int:
                 print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
                 return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
     else:
+        from services.reward.server import reward_model
+
         plan = ScoringPlan.create(verifiers, weights, ScoringPlan.from_rl_config(cfg.rl_config).overlong)
-        with VerifierPool(1, cfg.rl_config.verifier_timeout) as pool, _reward_model(cfg, plan.uses_model) as model:
+        with VerifierPool(1, cfg.rl_config.verifier_timeout) as pool, reward_model(cfg, plan.uses_model) as model:
             (result,) = score_samples([sample], plan, pool, model)
     print(f"extracted answer: {extract_answer(response)!r}   Minerva 'Answer:' line: {minerva_answer(response)!r}")
     for weight, part in zip(weights, result.parts):

@@ -67,7 +67,7 @@ class RemoteRewardModel:
         return self._executor.submit(self._score, list(inputs))
 
     def _score(self, inputs: list[tuple[str, str]]) -> list[float]:
-        live = [r for r in self._registry.live("reward_model") if r.address != "dock-only"]
+        live = [r for r in self._registry.live("reward_model") if r.serves_grpc]
         if not live:
             raise Unavailable("no reward-model replica is registered to score the reward_model part (reward_config.model_replicas > 0)")
         address = random.choice(live).address  # spreads gRPC scoring over the model replicas

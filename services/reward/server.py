@@ -2,6 +2,7 @@
 reward_config.load is set, the reward model."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -19,7 +20,7 @@ from services.common.log import log_event
 from services.common.metrics import counter, histogram
 from services.common.pb import reward_pb2, reward_pb2_grpc
 from services.reward.decoding import ResponseDecoder
-from services.reward.model import MODEL_VERIFIER, ModelScorer
+from services.reward.model import MODEL_VERIFIER, ModelScorer, RewardModelScorer
 from services.reward.pool import VerifierRunner
 from services.reward.scoring import SampleScore, ScoreInput, ScoringPlan, score_samples
 from services.reward.verifiers import REGISTRY
@@ -175,3 +176,91 @@ def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int, mode
     bound, health_servicer = start_with_health(server, host, port, SERVICE_NAME, "reward.grpc_port")
     log_event(logger, "reward server listening", host=host, port=bound, verifiers=",".join(cfg.rl_config.verifier_function))
     return RewardServer(server, bound, health_servicer)
+
+
+def serve(cfg: Config, kind: str, dock: bool, host: str | None, port: int | None, ready_file: str | None) -> int:
+    """`dockrl reward serve`: the gRPC server and, with `dock`, the `kind` dock worker on a thread of
+    its own, until SIGINT / SIGTERM or the worker's failure; 1 when the worker failed, else 0.
+    `host` / `port` None: reward.host / reward.grpc_port; `ready_file`: where to write the bound port."""
+    import signal
+    import threading
+
+    from services.common.errors import FailedPrecondition
+    from services.common.grpc_serving import advertised_address
+    from services.common.log import setup_logging
+    from services.common.ready_file import write_ready_file
+    from services.reward.pool import VerifierPool
+    from services.reward.worker import RewardWorker
+
+    split = cfg.reward_config.model_replicas > 0
+    if kind == "model" and not split:
+        raise FailedPrecondition("--kind model: reward_config.model_replicas is 0, so every reward replica serves the reward "
+                                 "model itself; set it > 0 to run reward-model replicas apart")
+    run_log = setup_logging("reward-model" if kind == "model" else "reward")
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    # A rule replica of a split run loads no reward model: that is what the reward-model replicas are
+    # for; its gRPC Score calls that list reward_model get that part from one of them.
+    with (VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout) as pool,
+          reward_model(cfg, kind == "model" or not split) as model, _remote_model(cfg, kind == "rule" and split) as remote):
+        # a bad dock config fails before serving
+        worker = RewardWorker.from_config(cfg, pool, model, kind) if dock else None
+        host = host or cfg.reward.host
+        server = start_server(cfg, pool, host, cfg.reward.grpc_port if port is None else port, model or remote)
+        if cfg.reward.metrics_port:
+            import prometheus_client
+
+            from services.common.metrics import REGISTRY
+
+            prometheus_client.start_http_server(cfg.reward.metrics_port, addr=host, registry=REGISTRY)
+        # the file first: whoever reads the line may look for the file at once
+        if ready_file:
+            write_ready_file(ready_file, grpc_port=server.port)
+        print(f"reward server listening on {host}:{server.port}", flush=True)
+        worker_thread, worker_failed = None, threading.Event()
+
+        def run_worker() -> None:
+            # A worker that dies must take the process down: a server that only answers gRPC would
+            # stall the run where a supervisor (`dockrl up`, compose, k8s) can restart a dead one.
+            try:
+                worker.run_until(stop, advertised_address(host, server.port))
+            except Exception:
+                run_log.exception("reward dock worker failed; stopping the server")
+                worker_failed.set()
+                stop.set()
+
+        if worker is not None:
+            worker_thread = threading.Thread(target=run_worker, name="reward-dock-worker", daemon=True)
+            worker_thread.start()
+        stop.wait()
+        log_event(run_log, "reward server stopping")
+        server.stop()
+        if worker_thread is not None:
+            worker_thread.join(30)
+    return 1 if worker_failed.is_set() else 0
+
+
+@contextlib.contextmanager
+def reward_model(cfg: Config, wanted: bool = True):
+    """The reward model's engine when `wanted` and reward_config.load is set (else None), stopped on exit."""
+    if not (wanted and cfg.reward_config.load):
+        yield None
+        return
+    with RewardModelScorer.start(cfg) as model:
+        yield model
+
+
+@contextlib.contextmanager
+def _remote_model(cfg, wanted: bool):
+    """A rule replica's way to a split run's reward-model replicas (through the run's registry), or None."""
+    if not wanted:
+        yield None
+        return
+    from services.common.auth import resolve_token
+    from services.dock.client import Dock
+    from services.reward.client import RemoteRewardModel
+
+    dock = Dock.from_config(cfg, token=resolve_token(cfg.auth))
+    with RemoteRewardModel(dock.registry(cfg.rollout.heartbeat_ttl_s)) as remote:
+        yield remote

@@ -37,6 +37,7 @@ from services.dock.rows import ModelScore, RewardPart, ScoringRow, names
 from services.dock.schema import LABELS, PROMPTS, RESPONSES, RM_MODEL, RM_PARTS
 from services.dock.timeline import Span
 from services.dock.scripts import StaleLease
+from services.dock.worker_loop import RefusalLog, RegistryEntry
 from services.reward.decoding import ResponseDecoder
 from services.reward.model import MODEL_VERIFIER, RewardModelScorer
 from services.reward.pool import VerifierRunner
@@ -185,29 +186,24 @@ class RewardWorker:
         """Steps until `stop` is set, logging rows/s, the mean score and each part's mean
         (`{name}_rewards/mean`) over the rows of every 10 s, and of the rows since then when it stops;
         registered as a `reward` replica (with the gRPC `address` it serves, when given) while it runs."""
-        registry = self.dock.registry(heartbeat_ttl_s)
+        entry = RegistryEntry(self.dock.registry(heartbeat_ttl_s), self.replica_id, address, self.registry_kind)
         replica_id = self.replica_id
-        last_beat = -float("inf")  # register on the first pass
         window = _Window(time.monotonic())
-        waiting_for = ""
+        refusals = RefusalLog(logger, "cannot score yet; retrying every second", "reason")
         log_event(logger, "dock worker started", replica=replica_id, consumer=self.consumer, run=self.dock.name)
         if self.decoder.available:  # meanwhile the dock is made and the rollout replicas start
             self.decoder.preload()
         try:
             while not stop.is_set():
                 try:
-                    # Heartbeat first: waiting for the dock to exist must not let the registration expire.
-                    if time.monotonic() - last_beat > heartbeat_ttl_s / 3:
-                        registry.register(replica_id, address or "dock-only", self.registry_kind)  # also revives an expired entry
-                        last_beat = time.monotonic()
+                    # Renewed first (registered on the first pass): waiting for the dock to exist must not let it expire.
+                    entry.renew_if_due()
                     report = self.step(wait_s=_CLAIM_WAIT_S)
                 except (FailedPrecondition, Unavailable) as exc:  # no dock yet, Redis away, no tokenizer: wait
-                    if str(exc) != waiting_for:
-                        log_event(logger, "cannot score yet; retrying every second", logging.WARNING, reason=str(exc))
-                        waiting_for = str(exc)
+                    refusals.refused(exc)
                     stop.wait(_CLAIM_WAIT_S)
                     continue
-                waiting_for = ""
+                refusals.served()
                 now = time.monotonic()
                 if report is None:
                     continue
@@ -220,7 +216,7 @@ class RewardWorker:
             if window.rows:
                 window.log("scored before stopping", time.monotonic())
             try:
-                registry.deregister(replica_id)
+                entry.deregister()
             except Unavailable:  # Redis away: the entry expires after its TTL instead
                 pass
             log_event(logger, "dock worker stopped", replica=replica_id)

@@ -33,13 +33,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from services.common.config import Config
-from services.common.errors import DockrlError, InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from services.common.errors import DockrlError, InvalidArgument, ResourceExhausted, Unavailable
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.common.sample import FinishReason
 from services.dock.rows import RolloutPart, claimed, names
 from services.dock.schema import PROMPTS
 from services.dock.timeline import Span
+from services.dock.worker_loop import RefusalLog, RegistryEntry
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.profiling import EngineProfiler
 from services.rollout.routing_recorder import RECORD_PREFIX
@@ -101,9 +102,9 @@ class DockWorker:
         self.engine = engine
         self.dock = dock
         self.registry = registry
+        self.entry = RegistryEntry(registry, engine.replica_id, address, "rollout")
         self.timeline = dock.timeline()
         self.cfg = cfg
-        self.address = address
         self.max_tokens = cfg.generate_config.sampling_config.max_tokens
         self.max_split = cfg.rl_config.partial_rollout_max_split
         # sampling_config.seed, when given, else the run's seed: the base of every row's own seed (`sample_seed`).
@@ -113,24 +114,22 @@ class DockWorker:
 
     async def register(self) -> None:
         """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
-        await asyncio.to_thread(self.registry.register, self.engine.replica_id, self.address, "rollout", self.engine.version)
-        log_event(log, "registered", replica=self.engine.replica_id, address=self.address)
+        await asyncio.to_thread(self.entry.register, self.engine.version)
+        log_event(log, "registered", replica=self.engine.replica_id, address=self.entry.address)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serves the dock until `stop` is set; then ends the claim it holds (see the module's docstring) and deregisters."""
         heartbeat = asyncio.create_task(self._heartbeat(stop))
-        refused = ""
+        refusals = RefusalLog(log, "claim refused", "error")
         try:
             while not stop.is_set():
                 try:
                     claim = await asyncio.to_thread(self._claim)
                 except DockrlError as exc:  # Redis away, or no dock created yet: ask again later
-                    if str(exc) != refused:  # once per distinct reason, not once a second
-                        log_event(log, "claim refused", level=logging.WARNING, error=str(exc))
-                    refused = str(exc)
+                    refusals.refused(exc)
                     await asyncio.sleep(CLAIM_WAIT_S)
                     continue
-                refused = ""
+                refusals.served()
                 if claim is None:
                     continue
                 await self.profiler.at_step(self.engine.version + 1)  # the trainer iteration these rows feed
@@ -138,7 +137,7 @@ class DockWorker:
         finally:
             heartbeat.cancel()
             await self.profiler.stop()
-            await asyncio.to_thread(self.registry.deregister, self.engine.replica_id)
+            await asyncio.to_thread(self.entry.deregister)
             log_event(log, "deregistered", replica=self.engine.replica_id)
 
     async def _serve_claim(self, claim, stop: asyncio.Event) -> None:
@@ -177,13 +176,11 @@ class DockWorker:
         )
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
-        period = self.cfg.rollout.heartbeat_ttl_s / 3
+        # A task of its own: a claim generates for longer than the registry's TTL.
         while not stop.is_set():
-            await asyncio.sleep(period)
+            await asyncio.sleep(self.entry.period_s)
             try:
-                await asyncio.to_thread(self.registry.heartbeat, self.engine.replica_id, self.engine.version)
-            except NotFound:  # expired (e.g. Redis was away longer than the TTL): register again
-                await asyncio.to_thread(self.registry.register, self.engine.replica_id, self.address, "rollout", self.engine.version)
+                await asyncio.to_thread(self.entry.renew, self.engine.version)
             except DockrlError as exc:
                 log_event(log, "heartbeat failed", level=logging.WARNING, error=str(exc))
 

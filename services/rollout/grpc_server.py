@@ -4,12 +4,12 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2
 
 from services.common.auth import AsyncTokenInterceptor
 from services.common.errors import InvalidArgument
 from services.common.grpc_status import AsyncStatusInterceptor
-from services.common.grpc_serving import add_reflection
+from services.common.grpc_serving import start_aio_with_health
 from services.common.pb import rollout_pb2, rollout_pb2_grpc
 from services.rollout.chain import MAX_MESSAGE_BYTES
 from services.rollout.collective_receiver import CollectiveReceiver
@@ -123,13 +123,7 @@ async def start_grpc_server(
         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
     )
     rollout_pb2_grpc.add_RolloutServicer_to_server(RolloutServicer(engine, receiver, collective), server)
-    health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    add_reflection(server, SERVICE)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    await server.start()
-    for name in ("", SERVICE):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    bound, health_servicer = await start_aio_with_health(server, host, port, SERVICE, "rollout.grpc_port")
     loop = asyncio.get_running_loop()
 
     def generation_changed(generating: bool) -> None:

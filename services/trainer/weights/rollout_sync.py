@@ -92,7 +92,7 @@ class ReplicaSync:
         deadline = time.monotonic() + wait_s
         while not (replicas := self._registry.live("reward")) and time.monotonic() < deadline:
             time.sleep(0.5)
-        live = [r for r in replicas if r.address != "dock-only"]
+        live = [r for r in replicas if r.serves_grpc]
         if live:
             return live[0].address
         if not self._cfg.reward.grpc_port:
