@@ -1,13 +1,12 @@
 """What every dock worker does around its own work: keep its entry in the replica registry, and wait
 out a dock that refuses claims.
 
-Both workers run the same loop: register, then until stopped claim, handle the claim, put its rows
-(or release them on failure), with the entry renewed every `ReplicaRegistry.heartbeat_period_s`;
-on stop they end what they hold and deregister. The rollout worker (services/rollout/dock_worker.py)
-runs it on the engine's event loop and renews from a task of its own, since a claim generates for
-longer than the TTL; the reward worker (services/reward/worker.py) runs it on a thread and renews
-between claims. What they claim, how they handle it and what they put is theirs; the entry and the
-refusals are these classes.
+Both workers follow the same cycle: register, then until stopped claim, handle the claim, put its
+rows (or release them on failure), with the entry renewed every `ReplicaRegistry.heartbeat_period_s`;
+on stop they end what they hold and deregister. Each still writes that cycle itself: the rollout
+worker (services/rollout/dock_worker.py) on the engine's event loop, renewing from a task of its own
+since a claim generates for longer than the TTL; the reward worker (services/reward/worker.py) on a
+thread, renewing between claims. The entry and the refusals are these classes.
 """
 from __future__ import annotations
 
