@@ -47,6 +47,16 @@ async def stream_completion(base: str) -> tuple[int, str | None]:
     return response.status_code, finish
 
 
+def _record_until_closed(watch, statuses: list) -> None:
+    """Appends each status the health Watch sends until the replica closes it: its server stopping ends the
+    stream with UNAVAILABLE ("Cancelling all calls"), which is the end this test waits for, not an error."""
+    try:
+        statuses.extend(r.status for r in watch)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            raise
+
+
 def test_sigterm_under_load_drains_within_drain_s(tiny_model_dir, tmp_path, fault_log):
     cfg = load_config(None, OVERRIDES + RUN)
     dock = Dock.from_config(cfg, token=TOKEN, redis_url=REDIS_URL)
@@ -58,7 +68,7 @@ def test_sigterm_under_load_drains_within_drain_s(tiny_model_dir, tmp_path, faul
         channel = grpc.insecure_channel(replica.grpc_target)
         watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(), timeout=120)
         statuses = [next(watch).status]
-        watcher = threading.Thread(target=lambda: statuses.extend(r.status for r in watch), daemon=True)
+        watcher = threading.Thread(target=_record_until_closed, args=(watch, statuses), daemon=True)
         watcher.start()
         stub = rollout_pb2_grpc.RolloutStub(channel)
         grpc_stream = stub.GenerateStream(rollout_pb2.GenerateRequest(
