@@ -246,15 +246,22 @@ class LoopSystem:
 
     def served_version(self, name: str) -> int:
         """The policy version rollout replica `name` serves (gRPC GetInfo)."""
-        with grpc.insecure_channel(self.address(name)) as channel:
-            return rollout_pb2_grpc.RolloutStub(channel).GetInfo(rollout_pb2.GetInfoRequest(), timeout=30).version
+        return self._info(name).version
 
-    def generated_version(self, name: str) -> int:
+    def weights_incomplete(self, name: str) -> str:
+        """Why rollout replica `name` holds generation after a weight transfer broke off mid-way; empty when it does not."""
+        return self._info(name).weights_incomplete
+
+    def _info(self, name: str) -> rollout_pb2.InfoResponse:
+        with grpc.insecure_channel(self.address(name)) as channel:
+            return rollout_pb2_grpc.RolloutStub(channel).GetInfo(rollout_pb2.GetInfoRequest(), timeout=30)
+
+    def generated_version(self, name: str, timeout_s: float = 120.0) -> int:
         """The policy version that answered a short Generate call on rollout replica `name`."""
         request = rollout_pb2.GenerateRequest(token_ids=rollout_pb2.TokenIds(ids=[49, 43, 50, 61]),
                                               sampling=rollout_pb2.SamplingParams(temperature=0.0, max_tokens=2))
         with grpc.insecure_channel(self.address(name)) as channel:
-            return rollout_pb2_grpc.RolloutStub(channel).Generate(request, timeout=120).policy_version
+            return rollout_pb2_grpc.RolloutStub(channel).Generate(request, timeout=timeout_s).policy_version
 
     def log(self, name: str) -> str:
         """A service's whole log."""

@@ -130,13 +130,17 @@ def _trainer_killed_and_resumed(loop: LoopSystem, fault_log) -> None:
     logged = len(loop.steps())
     served = loop.served_version("rollout-0")
     try:
-        generated, refused = loop.generated_version("rollout-0"), ""
+        generated, refused = loop.generated_version("rollout-0", timeout_s=60), ""
     except grpc.RpcError as exc:
         # The kill broke a collective push mid-way (pushes overlap rollout under max_staleness 1): the model is a
-        # mix of two versions, so the replica refuses to generate, at once, until the resumed trainer's push.
-        if exc.code() != grpc.StatusCode.UNAVAILABLE or "weights incomplete" not in (exc.details() or ""):
+        # mix of two versions, so the replica refuses to generate, at once, until the resumed trainer's push. A
+        # request that arrived while the push had generation paused, before the transfer broke, is held with the
+        # replica's other requests until that push instead (collective_receiver.py): it times out here while the
+        # replica says why it holds generation (a loaded 2-core run put the probe in that window once).
+        held = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and loop.weights_incomplete("rollout-0")
+        if not held and (exc.code() != grpc.StatusCode.UNAVAILABLE or "weights incomplete" not in (exc.details() or "")):
             raise
-        generated, refused = None, exc.details()
+        generated, refused = None, held or exc.details()
     log_before = len(loop.log("trainer"))
     loop.start_trainer(resume=True)
     # The resumed trainer drops the records of steps after its checkpoint (one an asynchronous trainer logged but did
