@@ -67,7 +67,7 @@ def _worker(hf_dir: str, out: str, cp: int, algo: str, ulysses: int, length: int
     load_hf_into_model(model, load_hf_state(hf_dir), layout)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, layout.vocab_size, (length,), generator=gen).tolist()
-    batch = ResponseBatch.from_lists([tokens[:PROMPT]], [tokens[PROMPT:]])
+    batch = ResponseBatch.from_token_ids([tokens[:PROMPT]], [tokens[PROMPT:]])
     response_tokens = float(length - PROMPT)
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 

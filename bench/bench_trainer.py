@@ -74,7 +74,7 @@ def _worker(hf_dir: str, out: str, distributed: bool, updates: int) -> None:
     prompts = [torch.randint(0, layout.vocab_size, (16,), generator=gen).tolist() for _ in range(SAMPLES)]
     responses = [torch.randint(0, layout.vocab_size, (int(n),), generator=gen).tolist()
                  for n in torch.randint(8, MAX_LEN - 16, (SAMPLES,), generator=gen)]
-    samples = ResponseBatch.from_lists(prompts, responses)
+    samples = ResponseBatch.from_token_ids(prompts, responses)
     rewards = torch.randint(0, 2, (SAMPLES,), generator=gen).float()
     batch = TrainBatch(samples, group_norm_advantages(rewards, 8, samples.response_mask()))
     cfg = UpdateConfig(mini_batch_size=SAMPLES, forward=ForwardConfig(micro_batch_size=MICRO))

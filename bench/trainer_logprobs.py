@@ -38,7 +38,7 @@ def main() -> int:
                for i in range(samples)]
     prompts = [torch.randint(0, 256, (24,), generator=gen).tolist() for _ in range(samples)]
     responses = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in lengths]
-    batch = ResponseBatch.from_lists(prompts, responses)
+    batch = ResponseBatch.from_token_ids(prompts, responses)
 
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir = build_tiny_model(tmp, InitModelConfig())

@@ -91,8 +91,8 @@ def test_routing_replay_makes_the_trainers_routing_equal_the_rollouts(rollout, t
         assert (record < layout.num_experts).all() and (record[..., 0] != record[..., 1]).all()
     assert max(len(r) for r in responses) > 4, "no sample needed a second (partial-rollout) claim"
     rollout_sets = [torch.from_numpy(np.sort(r, -1)).long() for r in routed]
-    plain = ResponseBatch.from_lists(prompts, responses)
-    replayed = ResponseBatch.from_lists(prompts, responses, [torch.from_numpy(r.copy()) for r in routed])
+    plain = ResponseBatch.from_token_ids(prompts, responses)
+    replayed = ResponseBatch.from_token_ids(prompts, responses, [torch.from_numpy(r.copy()) for r in routed])
     rollout_logp = torch.zeros(len(responses), plain.max_response_length)
     for i, lp in enumerate(got["rollout_log_probs"]):
         rollout_logp[i, : len(lp)] = torch.tensor(np.asarray(lp, np.float32))

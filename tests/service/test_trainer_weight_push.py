@@ -81,7 +81,7 @@ def sample(address: str):
 
 
 def logprob_diff(model, tokens, rollout_logprobs) -> float:
-    ours = compute_logprobs(model, ResponseBatch.from_lists([PROMPT], [tokens]), ForwardConfig())[0][0]
+    ours = compute_logprobs(model, ResponseBatch.from_token_ids([PROMPT], [tokens]), ForwardConfig())[0][0]
     return (ours - rollout_logprobs).abs().mean().item()
 
 

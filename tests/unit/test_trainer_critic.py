@@ -61,8 +61,8 @@ def test_values_are_causal_and_independent_of_batching(hf_dir):
     # changing its first token changes every value after the first.
     prompt = batch.tokens[1, :2].tolist()
     response = batch.tokens[1, 2:7].tolist()
-    last_changed = ResponseBatch.from_lists([prompt], [response[:-1] + [(response[-1] + 1) % 256]])
-    first_changed = ResponseBatch.from_lists([prompt], [[(response[0] + 1) % 256] + response[1:]])
+    last_changed = ResponseBatch.from_token_ids([prompt], [response[:-1] + [(response[-1] + 1) % 256]])
+    first_changed = ResponseBatch.from_token_ids([prompt], [[(response[0] + 1) % 256] + response[1:]])
     assert torch.allclose(compute_values(critic, last_changed, FORWARD)[0], padded[1], atol=1e-5)
     moved = compute_values(critic, first_changed, FORWARD)[0]
     assert moved[0] == pytest.approx(padded[1, 0].item(), abs=1e-5)

@@ -28,7 +28,7 @@ def test_an_unknown_adv_estimator_is_refused_naming_the_key():
 
 
 def test_group_norm_estimator_gives_group_norm_advantages_and_the_reference_pass_only():
-    samples = ResponseBatch.from_lists([[1, 2], [3]], [[4, 5, 6], [7]])
+    samples = ResponseBatch.from_token_ids([[1, 2], [3]], [[4, 5, 6], [7]])
     mask = samples.response_mask()
     scores = torch.tensor([1.0, 0.0])
     # no reference model: no pass runs, so no model is needed

@@ -73,6 +73,6 @@ def test_dynamic_micro_batches_come_in_a_multiple_of_the_pipeline_size_when_aske
 
 def test_batch_rejects_empty_prompts_and_responses():
     with pytest.raises(ValueError, match="responses: every sample"):
-        ResponseBatch.from_lists([[1, 2]], [[]])
+        ResponseBatch.from_token_ids([[1, 2]], [[]])
     with pytest.raises(ValueError, match="prompts: every sample"):
-        ResponseBatch.from_lists([[]], [[1]])
+        ResponseBatch.from_token_ids([[]], [[1]])

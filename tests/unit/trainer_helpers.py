@@ -51,7 +51,7 @@ def random_batch(seed: int, prompt_lengths: list[int], response_lengths: list[in
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in prompt_lengths]
     responses = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in response_lengths]
-    return ResponseBatch.from_lists(prompts, responses)
+    return ResponseBatch.from_token_ids(prompts, responses)
 
 
 def scored_batch(prompts: list[list[int]], responses: list[list[int]], scores: list[float], log_probs: list[list[float]],

@@ -39,8 +39,8 @@ class ResponseBatch:
     routed_experts: list[torch.Tensor] | None = None
 
     @classmethod
-    def from_lists(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                   routed_experts: list[torch.Tensor] | None = None) -> "ResponseBatch":
+    def from_token_ids(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                       routed_experts: list[torch.Tensor] | None = None) -> "ResponseBatch":
         """Builds the padded tensor from per-sample prompt and response token ids, lists or int arrays (a
         ScoredSample's, as the dock gave them), and their rollout routing."""
         if len(prompts) != len(responses):
