@@ -7,7 +7,7 @@ the bad value and what would be accepted.
 
 The package's modules, one job each (import the names from here):
   types      how a section is declared and read (config_section, the constrained field types, parse_section)
-  rollout    generate_config (with sampling_config) and rollout
+  rollout    generate_config (with sampling_config) and rollout (with multi_turn)
   algorithm  rl_config (with actor_resource), and the loss modes and verifiers its keys accept
   training   megatron_training and trainer
   reward     reward and reward_config
@@ -29,14 +29,15 @@ from services.common.config.load import (
 from services.common.config.model import MOE_ARCHITECTURES, ArithmeticConfig, InitModelConfig
 from services.common.config.profiler import ProfilerConfig, ProfilerRoles, process_trace_dir, profiler_trace_root
 from services.common.config.reward import RewardModelConfig, RewardServiceConfig
-from services.common.config.rollout import GenerateConfig, RolloutServiceConfig, SamplingConfig
+from services.common.config.rollout import GenerateConfig, MultiTurnConfig, RolloutServiceConfig, SamplingConfig
 from services.common.config.root import Config, ConfigError, exit_status
 from services.common.config.training import MegatronTrainingConfig, TrainerServiceConfig
 
 __all__ = [
     "ActorResource", "ArithmeticConfig", "AuthConfig", "Config", "ConfigError", "DEFAULT_CONFIG", "DockConfig",
     "ENV_PREFIX", "GenerateConfig", "InitModelConfig", "LOSS_AGG_MODES", "MOE_ARCHITECTURES", "MegatronTrainingConfig",
-    "ProfilerConfig", "ProfilerRoles", "REPO_ROOT", "REWARD_MODEL", "RLConfig", "RULE_VERIFIERS", "RewardModelConfig",
+    "MultiTurnConfig", "ProfilerConfig", "ProfilerRoles", "REPO_ROOT", "REWARD_MODEL", "RLConfig", "RULE_VERIFIERS",
+    "RewardModelConfig",
     "RewardServiceConfig", "RolloutServiceConfig", "SamplingConfig", "TrainerServiceConfig", "config_from_dict",
     "config_from_translation", "config_to_dict", "env_overrides", "exit_status", "load_config", "parse_dataclass",
     "process_trace_dir", "profiler_trace_root", "read_config_file",

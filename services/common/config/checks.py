@@ -155,6 +155,7 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _validate_context_parallel(cfg, errors)
     _validate_routing_replay(cfg, errors)
     _validate_virtual_pipeline(cfg, errors)
+    _validate_multi_turn(cfg, errors)
     if rl.mini_batch_size is not None:
         total = cfg.samples_per_iteration
         if rl.mini_batch_size <= 0 or total % rl.mini_batch_size:
@@ -191,6 +192,23 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
+
+
+# ---------------------------------------------------------------- rollout: multi-turn episodes
+
+
+def _validate_multi_turn(cfg: Config, errors: list[str]) -> None:
+    """rollout.multi_turn: what its keys need of each other and of the rollout budget (the environment's and the
+    tools' names are checked where they are registered, by the rollout replica at start)."""
+    mtc, budget = cfg.rollout.multi_turn, cfg.generate_config.sampling_config.max_tokens
+    if not mtc.environment:
+        return
+    if mtc.format == "tag" and (not mtc.tool_call_start or not mtc.tool_call_end or mtc.tool_call_start == mtc.tool_call_end):
+        errors.append(f"rollout.multi_turn.tool_call_start: the tag format needs two different non-empty tags, got "
+                      f"{mtc.tool_call_start!r} and tool_call_end {mtc.tool_call_end!r}")
+    if mtc.max_tokens_per_turn > budget:
+        errors.append(f"rollout.multi_turn.max_tokens_per_turn: {mtc.max_tokens_per_turn} > generate_config.sampling_config."
+                      f"max_tokens {budget}, the whole episode's budget; lower it (or 0: the rest of the budget)")
 
 
 # ---------------------------------------------------------------- trainer: megatron_training's parallel layout

@@ -47,6 +47,24 @@ class GenerateConfig:
 
 
 @config_section
+class MultiTurnConfig:
+    """Agentic rollout (rollout.multi_turn, verl's path and key names where verl has the key): each row runs as an
+    episode of model turns and environment observations in the replicas' dock workers (docs/agents.md). An
+    episode's tokens after the prompt, model and environment alike, share generate_config.sampling_config.max_tokens
+    (the trainer's response length); the model's own tokens are kept exactly as sampled."""
+
+    environment: str = ""  # a registered environment ("tools": tool calls answered by the tools below); "": off, one generation per row
+    format: Literal["tag", "hermes"] = "tag"  # how tool calls are read from a turn: tag (tool_call_start/end around JSON, for models without tool tokens) or hermes (vLLM's hermes parser, Qwen and Hermes chat models, whose observations are ChatML turns)
+    tool_call_start: str = "<tool_call>"  # format tag: the text opening a call {"name": ..., "arguments": {...}}
+    tool_call_end: str = "</tool_call>"  # format tag: the text closing a call
+    tools: tuple[str, ...] = ("calculator",)  # the tools the environment offers, by name
+    max_assistant_turns: PositiveInt = 5  # model turns per episode; an episode still calling tools after the last ends with finish reason length
+    max_tokens_per_turn: NonNegativeInt = 0  # tokens one model turn may generate; 0: the rest of the episode's budget
+    max_observation_tokens: PositiveInt = 256  # tokens of one observation (its ids are cut to this, and the cut counted)
+    tool_timeout_s: PositiveFloat = 5.0  # seconds one tool call may take; past it the model sees a timeout error
+
+
+@config_section
 class RolloutServiceConfig:
     """Where rollout replicas listen and how much they queue."""
 
@@ -59,3 +77,4 @@ class RolloutServiceConfig:
     heartbeat_ttl_s: float = 10.0  # a replica that misses heartbeats this long leaves the registry
     omp_threads_bind: str = "auto"  # VLLM_CPU_OMP_THREADS_BIND on CPU (auto: distinct cores per replica, one each left for its scheduler)
     drain_s: PositiveFloat = 30.0  # on SIGTERM: seconds to finish or return held work and stop the engine, in all
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
