@@ -5,12 +5,13 @@ Each service writes its part of a row and reads the parts it needs; data moves o
     record        written by            columns (services/dock/schema.py)
     PromptRow     the trainer (put)     prompts, prompt_length, labels
     RolloutPart   a rollout replica     responses, rollout_log_probs, versions (a partial put: these alone),
-                                        response_length, finish_reason, routed_experts (when recorded)
+                                        response_length, finish_reason, routed_experts (when recorded),
+                                        loss_mask (multi-turn episodes)
     RewardPart    a rule reward replica rm_scores, rm_parts (when the layout has it)
     ModelScore    a reward-model replica rm_model (when the reward model runs apart)
     ScoringRow    read by the reward    responses, response_length, and labels / prompts / rm_model as claimed
     ScoredSample  read by the trainer   prompts, responses, rm_scores, rollout_log_probs, versions; rm_parts,
-                                        finish_reason, routed_experts when stored
+                                        finish_reason, routed_experts, loss_mask when stored
 
 `to_columns(records)` gives a put's columns (one list per column, a value per row); `from_claim(claim)`
 gives a claim's rows as records, in the claim's row order, None for a value whose column the claim did not
@@ -26,9 +27,9 @@ import numpy as np
 
 from services.common.errors import InvalidArgument
 from services.dock.client import Claim
-from services.dock.schema import (FINISH_REASON, LABELS, PROMPT_LENGTH, PROMPTS, RESPONSE_LENGTH, RESPONSES,
-                                  RM_MODEL, RM_PARTS, RM_SCORES, ROLLOUT_LOG_PROBS, ROUTED_EXPERTS, VERSIONS,
-                                  ColumnSpec)
+from services.dock.schema import (FINISH_REASON, LABELS, LOSS_MASK, PROMPT_LENGTH, PROMPTS, RESPONSE_LENGTH,
+                                  RESPONSES, RM_MODEL, RM_PARTS, RM_SCORES, ROLLOUT_LOG_PROBS, ROUTED_EXPERTS,
+                                  VERSIONS, ColumnSpec)
 
 
 def claimed(claim: Claim, column: ColumnSpec) -> list:
@@ -85,10 +86,10 @@ class RolloutPart:
 
     A partial put (partial rollout: the row goes back unfinished) carries only the per-token fields, which the
     claim that resumes the row reads back (`from_claim`), and appends to. A multi-turn trajectory fits the same
-    record: `response_ids` then holds its segments after the prompt in turn, model and environment tokens alike;
-    a per-token loss mask [L] (1: a model token) joins the per-token fields as one more column of TOKEN_COLUMNS
-    (so partial puts append it too), and the segment lengths [S] a column beside finish_reason where a consumer
-    needs the turns. Environment tokens keep a log-prob and a version slot, masked out; nothing else here changes.
+    record: `response_ids` then holds its segments after the prompt in turn, model and environment tokens alike,
+    and `loss_mask` [L] says which are the model's (1). Environment tokens keep a log-prob and a version slot,
+    masked out. Partial rollout does not carry episodes yet (the config refuses both together), so the mask is put
+    with a final put only; the segment lengths [S] are not stored until a consumer needs the turns.
     """
 
     response_ids: np.ndarray  # [L] int32 response token ids
@@ -98,6 +99,7 @@ class RolloutPart:
     # [P+L-1, MoE layers, top_k] uint8 expert ids each computed position was routed to (rl_config.routing_replay;
     # [0, layers, top_k] for a row that failed before a token); None: not recorded
     routed_experts: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None  # [L] uint8 1: a model token, 0: an environment's; None: single-turn (all 1)
 
     # The columns a partial put writes and a resuming claim reads (Dock.claim's partial_columns).
     TOKEN_COLUMNS = (RESPONSES, ROLLOUT_LOG_PROBS, VERSIONS)
@@ -109,6 +111,8 @@ class RolloutPart:
             raise InvalidArgument(VERSIONS.name, f"{len(self.versions)} versions for {len(self.response_ids)} response tokens")
         if self.routed_experts is not None:
             _check_rank(ROUTED_EXPERTS, self.routed_experts)
+        if self.loss_mask is not None and (self.loss_mask.ndim != 1 or len(self.loss_mask) != len(self.response_ids)):
+            raise InvalidArgument(LOSS_MASK.name, f"shape {self.loss_mask.shape} for {len(self.response_ids)} response tokens")
 
     @property
     def response_length(self) -> int:
@@ -122,12 +126,12 @@ class RolloutPart:
 
     @staticmethod
     def to_columns(parts: Sequence[RolloutPart]) -> dict[str, list]:
-        """A final put's columns: every field; routed_experts only when every part has them."""
+        """A final put's columns: every field; routed_experts and loss_mask only when every part has them."""
         columns = {**RolloutPart.to_partial_columns(parts), RESPONSE_LENGTH.name: [p.response_length for p in parts],
                    FINISH_REASON.name: [p.finish_reason for p in parts]}
-        routed = [p.routed_experts for p in parts]
-        if _all_or_none(ROUTED_EXPERTS, routed):
-            columns[ROUTED_EXPERTS.name] = routed
+        for column, values in ((ROUTED_EXPERTS, [p.routed_experts for p in parts]), (LOSS_MASK, [p.loss_mask for p in parts])):
+            if _all_or_none(column, values):
+                columns[column.name] = values
         return columns
 
     @staticmethod
@@ -204,16 +208,17 @@ class ScoredSample:
     parts: np.ndarray | None  # [V] float32 each verifier's score; None: not stored
     finish_reason: str | None  # a FinishReason value; None: not stored
     routed_experts: np.ndarray | None  # [P+L-1, MoE layers, top_k] uint8; None: not recorded
+    loss_mask: np.ndarray | None = None  # [L] uint8 1: a model token (trained), 0: an environment's; None: all 1
 
     # A claim waits for these to be final.
     COLUMNS = (PROMPTS, RESPONSES, RM_SCORES, ROLLOUT_LOG_PROBS, VERSIONS)
-    # Read when stored, never waited for: routed_experts is put with the responses (same put), so a scored row
-    # holds it whenever its replica recorded it.
-    OPTIONAL_COLUMNS = (RM_PARTS, FINISH_REASON, ROUTED_EXPERTS)
+    # Read when stored, never waited for: routed_experts and loss_mask are put with the responses (same put), so a
+    # scored row holds them whenever its replica wrote them.
+    OPTIONAL_COLUMNS = (RM_PARTS, FINISH_REASON, ROUTED_EXPERTS, LOSS_MASK)
 
     @staticmethod
     def from_claim(claim: Claim) -> list[ScoredSample]:
         """The claim's rows (it took COLUMNS, and those of OPTIONAL_COLUMNS its layout has)."""
-        return [ScoredSample(prompt, response, _scalar(score), log_probs, versions, parts, reason, routed)
-                for prompt, response, score, log_probs, versions, parts, reason, routed in zip(
+        return [ScoredSample(prompt, response, _scalar(score), log_probs, versions, parts, reason, routed, mask)
+                for prompt, response, score, log_probs, versions, parts, reason, routed, mask in zip(
                     *(claimed(claim, c) for c in (*ScoredSample.COLUMNS, *ScoredSample.OPTIONAL_COLUMNS)))]

@@ -61,6 +61,9 @@ VERSIONS = ColumnSpec("versions", "int32", (None,))  # [L] policy version that g
 # [P+L-1, MoE layers, top_k] expert ids each computed position was routed to (rl_config.routing_replay; the last
 # response token is never fed to the rollout model, so it has none): services/rollout/routing_recorder.py
 ROUTED_EXPERTS = ColumnSpec("routed_experts", "uint8", (None, None, None))
+# [L] 1 on the model's tokens, 0 on the tokens an environment added (multi-turn episodes: rollout.multi_turn; a
+# layout holds it only then, so a single-turn run stores nothing new)
+LOSS_MASK = ColumnSpec("loss_mask", "uint8", (None,))
 FINISH_REASON = ColumnSpec("finish_reason", "utf8")  # a FinishReason value: stop | length | abort | failed (services/common/sample.py)
 RM_SCORES = ColumnSpec("rm_scores", "float32")  # [] reward of the whole response
 RM_PARTS = ColumnSpec("rm_parts", "float32", (None,))  # [V] each verifier's score (rl_config.verifier_function order), before weighting
@@ -139,8 +142,11 @@ class DockLayout:
 
     @classmethod
     def from_config(cls, cfg: Config, columns: tuple[ColumnSpec, ...] = DEFAULT_COLUMNS) -> DockLayout:
-        """The layout a run's config implies: room for the groups the trainer admits (Config.admitted_groups)."""
+        """The layout a run's config implies: room for the groups the trainer admits (Config.admitted_groups), and
+        the loss mask column when rows run as multi-turn episodes."""
         rl = cfg.rl_config
+        if cfg.rollout.multi_turn.environment and LOSS_MASK not in columns:
+            columns = (*columns, LOSS_MASK)
         return cls(
             n_samples_per_prompt=rl.n_samples_per_prompt,
             capacity_groups=cfg.dock.capacity_groups or cfg.admitted_groups,

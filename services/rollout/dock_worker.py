@@ -9,6 +9,11 @@ rl_config.routing_replay on an MoE model, each position's routed experts) and
 put the unfinished ones back as partial (age + 1). The replica is registered in the dock's
 replica registry with a heartbeat, so the trainer's weight push finds it.
 
+With rollout.multi_turn.environment set, each row runs as a multi-turn episode instead of one
+generation (services/rollout/agent/): one engine request per model turn, from all the episode's ids
+so far; the row's response is the whole trajectory, put with its loss mask. Partial rollout does not
+carry episodes yet (the config refuses both together), so an episode cut short goes back whole.
+
 Under partial rollout the claim is interruptible (MindSpeed-RL's async-engine scheme): each row
 is put as soon as it finishes, so the iteration's target of complete groups can be reached while
 rows are still running, on this replica or another; once it is (`Dock.rollout_done`), the rows
@@ -38,9 +43,11 @@ from services.common.log import log_event
 from services.common.metrics import counter
 from services.common.sample import FinishReason
 from services.dock.rows import RolloutPart, claimed, names
-from services.dock.schema import PROMPTS
+from services.dock.schema import LABELS, PROMPTS
 from services.dock.timeline import Span
 from services.dock.worker_loop import RefusalLog, RegistryEntry
+from services.rollout.agent.environment import Task, environment_factory
+from services.rollout.agent.episode import EpisodeLimits, Trajectory, run_episode
 from services.rollout.engine import Completion, RolloutEngine
 from services.rollout.profiling import EngineProfiler
 from services.rollout.routing_recorder import RECORD_PREFIX
@@ -53,6 +60,9 @@ QUEUE_RETRY_S = 0.05
 TARGET_POLL_S = 0.05  # how often a running partial-rollout claim asks whether the iteration's target is reached
 
 INTERRUPTED_ROWS = counter("rollout_rows_interrupted", "Partial-rollout rows stopped in flight because the iteration's target was reached")
+EPISODE_EVENTS = counter("rollout_episode_events_total", "Multi-turn episodes' events: turns, tool_calls, each tool-call "
+                         "error kind, observations_cut, environment_failed", ("kind",))
+ENVIRONMENT_SECONDS = counter("rollout_episode_environment_seconds_total", "Seconds multi-turn episodes spent in their environments")
 
 
 @dataclass
@@ -66,11 +76,13 @@ class RowResult:
     # [P+L-1, MoE layers, top_k] uint8: the routing of this claim's request, which computed every position of prompt +
     # response (a resumed row's prompt holds its partial response); None unless routing is recorded
     routed_experts: np.ndarray | None = None
+    loss_mask: list[int] | None = None  # [L] a multi-turn episode's: 1 on the model's tokens; None: a single generation
 
     def part(self) -> RolloutPart:
         """The row's response so far as the dock stores it."""
+        mask = None if self.loss_mask is None else np.asarray(self.loss_mask, np.uint8)
         return RolloutPart(np.asarray(self.sample.token_ids, np.int32), np.asarray(self.sample.logprobs, np.float32),
-                           np.asarray(self.sample.versions, np.int32), self.sample.finish_reason, self.routed_experts)
+                           np.asarray(self.sample.versions, np.int32), self.sample.finish_reason, self.routed_experts, mask)
 
 
 @dataclass
@@ -111,6 +123,16 @@ class DockWorker:
         smp_seed = cfg.generate_config.sampling_config.seed
         self.seed = cfg.megatron_training.seed if smp_seed is None else smp_seed
         self.profiler = EngineProfiler(engine.llm, cfg.profiler_config.rollout)
+        mtc = cfg.rollout.multi_turn
+        self.environment = environment_factory(mtc.environment) if mtc.environment else None
+        if self.environment is not None:
+            self.environment(mtc, engine.tokenizer)  # one built at start: an unknown tool stops the replica here, not in a claim
+        self.episode_limits = EpisodeLimits(mtc.max_assistant_turns, self.max_tokens, engine.max_model_len,
+                                            mtc.max_tokens_per_turn, mtc.max_observation_tokens)
+        # The tag format's turn ends where its call closes (the model reads the response before going on); a chat
+        # model's turn ends at its end-of-turn token, as any of its responses does.
+        smp = cfg.generate_config.sampling_config
+        self.turn_stop = (*smp.stop, mtc.tool_call_end) if mtc.format == "tag" else None
 
     async def register(self) -> None:
         """Lists this replica in the registry (before `run`, so it is listed once the server says it is ready)."""
@@ -170,8 +192,9 @@ class DockWorker:
             return None
         count = claim_share(layout.dispatch_sizes[layout.rollout_consumer], self.cfg.samples_per_iteration,
                             len(self.registry.live("rollout")), layout.n_samples_per_prompt)
+        columns = [PROMPTS.name, LABELS.name] if self.environment is not None else [PROMPTS.name]  # an episode's task has its label
         return self.dock.claim(
-            layout.rollout_consumer, [PROMPTS.name], count, group=not layout.partial_rollout,
+            layout.rollout_consumer, columns, count, group=not layout.partial_rollout,
             partial_columns=names(RolloutPart.TOKEN_COLUMNS) if layout.partial_rollout else (), timeout_s=CLAIM_WAIT_S,
         )
 
@@ -187,8 +210,11 @@ class DockWorker:
     async def _process(self, claim, settled: set[int]) -> None:
         running = InFlight()
         rows = []
-        for index, prompt, prior in zip(claim.indexes, claimed(claim, PROMPTS), RolloutPart.from_claim(claim)):
-            rows.append(asyncio.create_task(self._generate(index, list(prompt), prior, running)))
+        for index, prompt, label, prior in zip(claim.indexes, claimed(claim, PROMPTS), claimed(claim, LABELS),
+                                               RolloutPart.from_claim(claim)):
+            row = (self._generate(index, list(prompt), prior, running) if self.environment is None
+                   else self._episode(index, list(prompt), label or "", running))
+            rows.append(asyncio.create_task(row))
         if self.dock.layout.partial_rollout:
             await self._process_interruptible(claim, rows, running, settled)
             return
@@ -309,3 +335,54 @@ class DockWorker:
         if final_only and self.engine.version != version:  # weights changed mid-row (a late push): which token came
             finished = False                                # from which version is unknown, so the group goes back
         return RowResult(index, sample, finished, generated=len(sample.token_ids) - prior, routed_experts=routed)
+
+    async def _episode(self, index: int, prompt: list[int], label: str, running: InFlight) -> RowResult:
+        """Runs row `index` as a multi-turn episode (services/rollout/agent/episode.py); `running` holds the request id
+        of its turn while one runs. An environment that raises fails the row (counted); nothing the model writes does."""
+        env = self.environment(self.cfg.rollout.multi_turn, self.engine.tokenizer)
+        sample_index = index % self.dock.layout.n_samples_per_prompt
+
+        async def generate(ids: list[int], max_new: int) -> Completion:
+            turn = Completion()
+            # each turn its own seed (the tokens so far part it from the episode's other turns)
+            seed = sample_seed(self.seed, prompt, sample_index, self.engine.version, len(ids) - len(prompt))
+            overrides = SamplingOverrides(max_tokens=max_new, n=1, logprobs=0, seed=seed, stop=self.turn_stop)
+            while True:
+                try:  # stop strings need the engine's detokenizer
+                    stream = self.engine.open(ids, overrides, detokenize=self.turn_stop is not None)
+                    break
+                except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
+                    await asyncio.sleep(QUEUE_RETRY_S)
+                except Unavailable:  # the drain's deadline stopped the engine: the episode goes back
+                    turn.finish_reason = FinishReason.ABORT.value
+                    return turn
+                except InvalidArgument as exc:  # this turn cannot be generated: the row fails
+                    log_event(log, "episode turn failed", level=logging.WARNING, row=index, error=str(exc))
+                    turn.finish_reason = FinishReason.FAILED.value
+                    return turn
+            running.requests[index] = stream.request_id
+            try:
+                async for delta in stream.deltas():
+                    turn.add(delta)
+            finally:
+                running.requests.pop(index, None)
+            return turn
+
+        task = Task(self.engine.tokenizer.decode(prompt, skip_special_tokens=False), label)
+        try:
+            trajectory = await run_episode(prompt, task, env, generate, self.engine.tokenizer, self.episode_limits)
+        except DockrlError:  # the engine died or the dock is away: the claim's error path
+            raise
+        except Exception as exc:  # the environment's own fault: this row is dropped as failed, the run goes on
+            log_event(log, "episode failed", level=logging.WARNING, row=index, error=f"{type(exc).__name__}: {exc}")
+            EPISODE_EVENTS.labels("environment_failed").inc()
+            trajectory = Trajectory([], [], [], [], [], FinishReason.FAILED.value, 0.0, {})
+        for kind, value in trajectory.counters.items():
+            if kind == "environment_s":
+                ENVIRONMENT_SECONDS.inc(value)
+            else:
+                EPISODE_EVENTS.labels(kind).inc(value)
+        sample = Completion(token_ids=trajectory.response_ids, logprobs=trajectory.log_probs,
+                            versions=trajectory.versions, finish_reason=trajectory.finish_reason)
+        return RowResult(index, sample, finished=trajectory.finish_reason != FinishReason.ABORT.value,
+                         generated=len(trajectory.response_ids), loss_mask=trajectory.loss_mask)

@@ -40,5 +40,12 @@ def test_bad_keys_are_refused_with_the_key(keys, message):
         config_from_dict({"rollout": {"multi_turn": keys}})
 
 
+def test_partial_rollout_is_refused_with_episodes():
+    with pytest.raises(ConfigError, match="rl_config.partial_rollout_max_split: 2 > 1 with rollout.multi_turn.environment "
+                                          "'tools': partial rollout of multi-turn episodes is not built yet"):
+        config_from_dict({"rl_config": {"n_samples_per_prompt": 2, "partial_rollout_max_split": 2},
+                          "rollout": {"multi_turn": {"environment": "tools"}}})
+
+
 def test_the_cross_key_checks_wait_for_an_environment():
     config_from_dict({"rollout": {"multi_turn": {"tool_call_start": "", "max_tokens_per_turn": 4096}}})

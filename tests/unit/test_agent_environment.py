@@ -96,3 +96,14 @@ def test_the_hermes_format_answers_in_a_chatml_turn(tmp_path):
     env = make_tool_environment(MultiTurnConfig(environment="tools", format="hermes"), AutoTokenizer.from_pretrained(str(tmp_path)))
     result = _step(env, '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3*3"}}\n</tool_call><|im_end|>')
     assert result.observation == "\n<|im_start|>user\n<tool_response>9</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_prompt_that_opens_a_call_has_the_first_turn_finish_it():
+    env = _env()
+    asyncio.run(env.reset(Task('Use the tool. <tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}', "")))
+    assert _step(env, "</tool_call>").observation == "\n<tool_response>42</tool_response>\n"
+    assert _step(env, "</tool_call>").done  # the prefill belongs to the first turn only
+    asyncio.run(env.reset(Task("<tool_call>", "")))
+    assert _step(env, "oops").info == {"tool_calls": 1, "malformed_call": 1}
+    asyncio.run(env.reset(Task('<tool_call>{"name": "calculator", "arguments": {}}</tool_call> closed', "")))
+    assert _step(env, "The answer.").done

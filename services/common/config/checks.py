@@ -203,6 +203,10 @@ def _validate_multi_turn(cfg: Config, errors: list[str]) -> None:
     mtc, budget = cfg.rollout.multi_turn, cfg.generate_config.sampling_config.max_tokens
     if not mtc.environment:
         return
+    if cfg.rl_config.partial_rollout_max_split > 1:
+        errors.append(f"rl_config.partial_rollout_max_split: {cfg.rl_config.partial_rollout_max_split} > 1 with "
+                      f"rollout.multi_turn.environment {mtc.environment!r}: partial rollout of multi-turn episodes is not "
+                      "built yet; set partial_rollout_max_split: 1 (or no environment)")
     if mtc.format == "tag" and (not mtc.tool_call_start or not mtc.tool_call_end or mtc.tool_call_start == mtc.tool_call_end):
         errors.append(f"rollout.multi_turn.tool_call_start: the tag format needs two different non-empty tags, got "
                       f"{mtc.tool_call_start!r} and tool_call_end {mtc.tool_call_end!r}")

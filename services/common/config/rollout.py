@@ -53,10 +53,10 @@ class MultiTurnConfig:
     episode's tokens after the prompt, model and environment alike, share generate_config.sampling_config.max_tokens
     (the trainer's response length); the model's own tokens are kept exactly as sampled."""
 
-    environment: str = ""  # a registered environment ("tools": tool calls answered by the tools below); "": off, one generation per row
+    environment: str = ""  # a registered environment ("tools": tool calls answered by the tools below); "": off, one generation per row; not with partial rollout yet
     format: Literal["tag", "hermes"] = "tag"  # how tool calls are read from a turn: tag (tool_call_start/end around JSON, for models without tool tokens) or hermes (vLLM's hermes parser, Qwen and Hermes chat models, whose observations are ChatML turns)
     tool_call_start: str = "<tool_call>"  # format tag: the text opening a call {"name": ..., "arguments": {...}}
-    tool_call_end: str = "</tool_call>"  # format tag: the text closing a call
+    tool_call_end: str = "</tool_call>"  # format tag: the text closing a call; a turn stops there (the model reads the response next)
     tools: tuple[str, ...] = ("calculator",)  # the tools the environment offers, by name
     max_assistant_turns: PositiveInt = 5  # model turns per episode; an episode still calling tools after the last ends with finish reason length
     max_tokens_per_turn: NonNegativeInt = 0  # tokens one model turn may generate; 0: the rest of the episode's budget

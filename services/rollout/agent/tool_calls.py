@@ -51,6 +51,13 @@ def read_call(payload: str) -> ToolCall | str:
     return ToolCall(data["name"], arguments)
 
 
+def open_call(text: str, start: str, end: str) -> str:
+    """The call `text` leaves open at its end (from its last `start` tag on, when no `end` follows), or "": what a
+    prompt that prefills the opening of a call hands the model's first turn to finish."""
+    at = text.rfind(start)
+    return text[at:] if at >= 0 and text.find(end, at) < 0 else ""
+
+
 class TagParser:
     """Calls between `start` and `end` tags; an opened tag never closed is a malformed call."""
 
@@ -83,15 +90,15 @@ class HermesParser:
         from vllm.tool_parsers import ToolParserManager
 
         self.parser = ToolParserManager.get_tool_parser("hermes")(tokenizer)
+        self.start, self.end = self.parser.tool_call_start_token, self.parser.tool_call_end_token
 
     def parse(self, text: str) -> ParsedTurn:
         """The calls written in `text`."""
         # The hermes parser reads only the text (its request argument is for streaming and request tweaks).
         info = self.parser.extract_tool_calls(text, request=None)
         if not info.tools_called:
-            opened = self.parser.tool_call_start_token in text
-            return ParsedTurn(errors=(f"a {self.parser.tool_call_start_token} call that is not JSON with a name and arguments",)
-                              if opened else ())
+            opened = self.start in text
+            return ParsedTurn(errors=(f"a {self.start} call that is not JSON with a name and arguments",) if opened else ())
         calls, errors = [], []
         for tc in info.tool_calls:
             call = read_call(json.dumps({"name": tc.function.name, "arguments": tc.function.arguments}))

@@ -1,5 +1,6 @@
 """The "tools" environment: each model turn's tool calls are answered with the tools' results; a turn without a
-call is the final answer and ends the episode.
+call is the final answer and ends the episode. A prompt may end inside an opened call (a prefill that makes the
+model call a tool): the first turn is then read as that call's continuation.
 
 Nothing the model writes ends a run: a malformed call, an unknown tool, a tool that refuses its arguments or
 raises, and a call past its timeout each become an error in the observation, which the model reads next turn,
@@ -12,7 +13,7 @@ from collections import Counter
 
 from services.common.config import MultiTurnConfig
 from services.rollout.agent.environment import StepResult, Task, register_environment
-from services.rollout.agent.tool_calls import HermesParser, TagParser, ToolCall, make_parser
+from services.rollout.agent.tool_calls import HermesParser, TagParser, ToolCall, make_parser, open_call
 from services.rollout.agent.tools import Tool, ToolError, tools_by_name
 
 # The kinds of error a step counts (info keys), one per way a call can fail.
@@ -32,14 +33,17 @@ class ToolEnvironment:
     def __init__(self, tools: dict[str, Tool], parser: TagParser | HermesParser, timeout_s: float, fmt: str):
         self.tools, self.parser, self.timeout_s = tools, parser, timeout_s
         self.prefix, self.suffix = _WRAP[fmt]
+        self.prefill = ""  # the call the prompt leaves open, read before the first turn
 
     async def reset(self, task: Task) -> None:
         """No first observation: the prompt already offers the tools."""
+        self.prefill = open_call(task.prompt, self.parser.start, self.parser.end)
         return None
 
     async def step(self, model_turn: str) -> StepResult:
         """The tools' responses to the turn's calls, in order; done when the turn calls none."""
-        parsed = self.parser.parse(model_turn)
+        parsed = self.parser.parse(self.prefill + model_turn)
+        self.prefill = ""
         if not parsed.has_calls:
             return StepResult("", 0.0, True)
         counts: Counter[str] = Counter(tool_calls=len(parsed.calls) + len(parsed.errors), **{MALFORMED: len(parsed.errors)})

@@ -58,11 +58,12 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor, kl: t
     mask = response_mask.float()
     if scores.shape != mask.shape[:1]:
         raise ValueError(f"scores: shape {tuple(scores.shape)} does not match {mask.size(0)} samples")
-    lengths = mask.sum(dim=1).long()
-    if bool((lengths == 0).any()):
+    if bool((mask.sum(dim=1) == 0).any()):
         raise ValueError("response_mask: every sample needs at least one response token to carry its score")
+    # the last masked-in token: a multi-turn episode's mask has environment tokens (0) between the model's
+    last = mask.size(1) - 1 - mask.flip(dims=[1]).argmax(dim=1)
     rewards = torch.zeros_like(mask)
-    rewards[torch.arange(mask.size(0)), lengths - 1] = scores.float()
+    rewards[torch.arange(mask.size(0)), last] = scores.float()
     if kl is not None:
         rewards = rewards - kl_coef * kl.float() * mask
     return rewards

@@ -208,8 +208,10 @@ class TrainerSession:
         """The estimator's log-prob passes and advantages (with the KL in the reward, if configured), the policy update, the
         estimator's own update (the critic); returns the iteration's metrics."""
         rl, fwd = self.cfg.rl_config, self.update_cfg.forward
+        masks = [s.loss_mask for s in batch.samples]
         samples = ResponseBatch.from_token_ids([s.prompt_ids for s in batch.samples], [s.response_ids for s in batch.samples],
-                                           rollout_routing(batch) if rl.routing_replay else None)
+                                               rollout_routing(batch) if rl.routing_replay else None,
+                                               None if any(m is None for m in masks) else masks)
         mask = samples.response_mask()
         scored = EstimatorBatch(samples, mask, torch.tensor(batch.scores, dtype=torch.float32))
         estimate = self.estimator.estimate(scored, LogProbPasses(self.model, self.ref_model, samples, fwd), self.kl_ctrl.value)

@@ -37,12 +37,16 @@ class ResponseBatch:
     # routing replay: per sample [n <= P+L, MoE layers, top_k] the experts each position was routed to in rollout
     # (rl_config.routing_replay); None: the routers choose
     routed_experts: list[torch.Tensor] | None = None
+    # [B, L] 1 on the model's response tokens, 0 on those an environment added (multi-turn episodes) and past each
+    # response; None: every response token is the model's
+    loss_mask: torch.Tensor | None = None
 
     @classmethod
     def from_token_ids(cls, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                       routed_experts: list[torch.Tensor] | None = None) -> "ResponseBatch":
+                       routed_experts: list[torch.Tensor] | None = None,
+                       loss_masks: Sequence[Sequence[int]] | None = None) -> "ResponseBatch":
         """Builds the padded tensor from per-sample prompt and response token ids, lists or int arrays (a
-        ScoredSample's, as the dock gave them), and their rollout routing."""
+        ScoredSample's, as the dock gave them), their rollout routing, and their loss masks (multi-turn episodes)."""
         if len(prompts) != len(responses):
             raise ValueError(f"responses: {len(responses)} responses for {len(prompts)} prompts")
         if any(len(r) == 0 for r in responses):
@@ -55,7 +59,15 @@ class ResponseBatch:
             tokens[i, : len(p) + len(r)] = torch.from_numpy(np.concatenate([p, r]).astype(np.int64))
         if routed_experts is not None and len(routed_experts) != len(prompts):
             raise ValueError(f"routed_experts: {len(routed_experts)} routings for {len(prompts)} samples")
-        return cls(tokens, torch.tensor([len(p) for p in prompts]), torch.tensor([len(r) for r in responses]), routed_experts)
+        mask = None
+        if loss_masks is not None:
+            if [len(m) for m in loss_masks] != [len(r) for r in responses]:
+                raise ValueError("loss_masks: each sample needs one mask value per response token")
+            mask = torch.zeros(len(responses), max(len(r) for r in responses))
+            for i, m in enumerate(loss_masks):
+                mask[i, : len(m)] = torch.as_tensor(np.asarray(m, np.float32))
+        return cls(tokens, torch.tensor([len(p) for p in prompts]), torch.tensor([len(r) for r in responses]), routed_experts,
+                   mask)
 
     @property
     def size(self) -> int:
@@ -70,15 +82,17 @@ class ResponseBatch:
         return self.prompt_lengths + self.response_lengths
 
     def response_mask(self) -> torch.Tensor:
-        """[B, L]: 1 on response tokens, L the longest response."""
-        return (torch.arange(self.max_response_length).unsqueeze(0) < self.response_lengths.unsqueeze(1)).float()
+        """[B, L]: 1 on the response tokens the loss trains (the model's), L the longest response."""
+        mask = (torch.arange(self.max_response_length).unsqueeze(0) < self.response_lengths.unsqueeze(1)).float()
+        return mask if self.loss_mask is None else mask * self.loss_mask[:, : self.max_response_length]
 
     def select(self, index: torch.Tensor) -> "ResponseBatch":
         """The samples at `index` (a 1-D long tensor), trimmed to their longest sequence."""
         lengths = self.sequence_lengths[index]
         routed = None if self.routed_experts is None else [self.routed_experts[i] for i in index.tolist()]
+        mask = None if self.loss_mask is None else self.loss_mask[index, : int(self.response_lengths[index].max())]
         return ResponseBatch(self.tokens[index, : int(lengths.max())], self.prompt_lengths[index], self.response_lengths[index],
-                             routed)
+                             routed, mask)
 
 
 @dataclass(frozen=True)
