@@ -213,7 +213,7 @@ class TrainerSession:
         mask = samples.response_mask()
         scored = EstimatorBatch(samples, mask, torch.tensor(batch.scores, dtype=torch.float32))
         estimate = self.estimator.estimate(scored, LogProbPasses(self.model, self.ref_model, samples, fwd), self.kl_ctrl.value)
-        behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
+        behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss or rl.rollout_is or rl.rollout_rs else None
         unreplayed = None
         if rl.routing_replay and self.cfg.trainer.log_logprob_diff:
             # the gap replay closes: the current policy's log-probs with its own routing (one more forward, before the update)
