@@ -17,6 +17,8 @@ def rl(**keys):
     ({"rl_config": {"adv_estimator": "reinforce_plus_plus_baseline"}},
      r"rl_config\.n_samples_per_prompt: reinforce_plus_plus_baseline advantages need at least 2"),
     (rl(adv_estimator="rloo", norm_adv_by_std_in_grpo=False), r"rl_config\.norm_adv_by_std_in_grpo: false is Dr\. GRPO's option"),
+    (rl(adv_estimator="reinforce_plus_plus", use_kl_in_reward=True, init_kl_coef=0.0),
+     r"rl_config\.use_kl_in_reward: reinforce_plus_plus's KL in the reward needs a reference model"),
     (rl(policy_loss_mode="gspo_token"), r"rl_config\.policy_loss_mode.*'gspo_token'"),
     (rl(policy_loss_mode="gspo", loss_agg_mode="token-mean"),
      r"rl_config\.loss_agg_mode: policy_loss_mode gspo aggregates seq-mean-token-mean"),

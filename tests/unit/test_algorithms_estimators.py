@@ -94,7 +94,7 @@ def test_reinforce_plus_plus_puts_the_kl_in_the_token_rewards_as_verl():
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     old = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
     ref = torch.tensor([[-1.5, -1.0], [-0.5, -9.0]])
-    out = _estimate(["rl_config.adv_estimator=reinforce_plus_plus", "rl_config.use_kl_in_reward=true", "rl_config.kl_penalty=kl",
+    out = _estimate(["rl_config.adv_estimator=reinforce_plus_plus", "rl_config.use_kl_in_reward=true", "rl_config.init_kl_coef=0.1", "rl_config.kl_penalty=kl",
                      "rl_config.gamma=1.0"], torch.tensor([1.0, 0.0]), mask, FakePasses(old, ref))
     rewards = [[-0.1 * 0.5, 1.0 - 0.1 * -1.0], [0.0]]
     returns = [rewards[0][0] + rewards[0][1], rewards[0][1], rewards[1][0]]
@@ -109,7 +109,7 @@ def test_rloo_sums_the_token_rewards_with_their_kl():
     old = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]])
     ref = torch.tensor([[-1.5, -1.0], [-0.5, -9.0]])
     out = _estimate(["rl_config.adv_estimator=rloo", "rl_config.n_samples_per_prompt=2", "rl_config.use_kl_in_reward=true",
-                     "rl_config.kl_penalty=kl"], torch.tensor([1.0, 0.0]), mask, FakePasses(old, ref))
+                     "rl_config.init_kl_coef=0.1", "rl_config.kl_penalty=kl"], torch.tensor([1.0, 0.0]), mask, FakePasses(old, ref))
     scores = [1.0 - 0.1 * (0.5 - 1.0), 0.0]  # each sample's sum of token rewards
     assert torch.allclose(out.advantages, torch.tensor([[scores[0] - scores[1]] * 2, [scores[1] - scores[0], 0.0]]), atol=1e-6)
 

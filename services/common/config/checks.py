@@ -205,6 +205,9 @@ def _validate_algorithms(rl, errors: list[str]) -> None:
     if not rl.norm_adv_by_std_in_grpo and rl.adv_estimator != "group_norm":
         errors.append(f"rl_config.norm_adv_by_std_in_grpo: false is Dr. GRPO's option of adv_estimator group_norm; "
                       f"adv_estimator is {rl.adv_estimator!r} (set adv_estimator: group_norm or leave it true)")
+    if rl.use_kl_in_reward and rl.init_kl_coef <= 0 and rl.adv_estimator in ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        errors.append(f"rl_config.use_kl_in_reward: {rl.adv_estimator}'s KL in the reward needs a reference model, built when "
+                      "rl_config.init_kl_coef > 0; got 0 (set a coefficient, or use_kl_in_reward: false)")
     if rl.policy_loss_mode == "gspo" and rl.loss_agg_mode not in ("", "seq-mean-token-mean"):
         errors.append(f"rl_config.loss_agg_mode: policy_loss_mode gspo aggregates seq-mean-token-mean (verl's GSPO); "
                       f"got {rl.loss_agg_mode!r} (leave it empty or set seq-mean-token-mean)")
