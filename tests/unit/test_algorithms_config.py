@@ -2,6 +2,7 @@
 import pytest
 
 from services.common.config import ConfigError, config_from_dict
+from services.trainer.algorithm.rollout_correction import needs_rollout_logprobs
 from services.trainer.algorithm.update import UpdateConfig
 
 N2 = {"n_samples_per_prompt": 2}
@@ -50,3 +51,9 @@ def test_gspo_and_the_correction_reach_the_loss_config():
     loss = UpdateConfig.from_config(cfg).loss
     assert (loss.mode, loss.agg, loss.token_level, loss.clip_ratio_low, loss.clip_ratio_high) == ("gspo", "seq-mean-token-mean", False, 3e-4, 4e-4)
     assert (loss.rollout.is_level, loss.rollout.is_threshold, loss.rollout.rs, loss.rollout.rs_bounds) == ("sequence", 3.0, "token_k1", (0.5, 2.0))
+
+
+@pytest.mark.parametrize("keys, needed", [({}, False), ({"rollout_is": "token"}, True), ({"rollout_rs": "token_k1"}, True),
+                                          ({"use_decoupled_loss": True}, True)])
+def test_train_step_reads_the_rollout_log_probs_when_a_key_needs_them(keys, needed):
+    assert needs_rollout_logprobs(config_from_dict(rl(**keys)).rl_config) is needed  # session.train_step's condition

@@ -56,6 +56,11 @@ class RolloutCorrection:
         return (self.rs_threshold_lower or 1.0 / self.rs_threshold), self.rs_threshold
 
 
+def needs_rollout_logprobs(rl) -> bool:
+    """Whether the update reads the rollout's log-probs (rl_config): the decoupled loss or this correction."""
+    return bool(rl.use_decoupled_loss or rl.rollout_is or rl.rollout_rs)
+
+
 def _log_ratio(old_logprob: torch.Tensor, rollout_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """log pi_old - log pi_rollout per token, 0 off the mask (padding holds no log-prob worth comparing)."""
     return torch.where(mask > 0, old_logprob - rollout_logprob, torch.zeros_like(old_logprob)).detach()
