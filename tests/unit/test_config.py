@@ -109,7 +109,7 @@ def test_config_reference_shows_each_keys_range_and_choices():
     reference = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
     assert "| `global_batch_size` | int > 0 | `1` |" in reference
     assert "| `top_p` | float in (0, 1] | `1.0` |" in reference
-    assert "| `adv_estimator` | group_norm \\| gae | `'group_norm'` |" in reference
+    assert "| `adv_estimator` | group_norm \\| gae \\| rloo \\| reinforce_plus_plus \\| reinforce_plus_plus_baseline | `'group_norm'` |" in reference
     assert "| `grpc_port` | TCP port | `50051` |" in reference
 
 

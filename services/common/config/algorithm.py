@@ -20,7 +20,9 @@ class RLConfig:
 
     n_samples_per_prompt: PositiveInt = 1  # responses per prompt (the group size n)
     max_prompt_length: int = 2048  # longest prompt in tokens: the trainer leaves longer ones out (counted in summary.json), a dock put refuses them
-    adv_estimator: Literal["group_norm", "gae"] = "group_norm"  # group_norm: GRPO's group-normalised rewards; gae: PPO's critic and GAE
+    adv_estimator: Literal["group_norm", "gae", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"] = "group_norm"  # group_norm: GRPO's group-normalised rewards; gae: PPO's critic and GAE; rloo: leave-one-out baseline; reinforce_plus_plus: discounted token returns whitened over the batch; reinforce_plus_plus_baseline: group-mean baseline, then whitened over the batch (verl's names; docs/trainer.md)
+    norm_adv_by_std_in_grpo: bool = True  # group_norm: divide by the group's std (GRPO); false: the score minus the group mean only (Dr. GRPO; verl's key)
+    policy_loss_mode: Literal["vanilla", "gspo"] = "vanilla"  # vanilla: the token-level PPO clip (with dual-clip); gspo: GSPO's sequence-level ratio and clip, aggregated seq-mean-token-mean (verl's policy_loss.loss_mode); GSPO wants clip_higher_enable with clip_ratio_low 3e-4, clip_ratio_high 4e-4
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "low_var_kl"  # kl (k1) | abs | mse | low_var_kl
     kl_ctrl_type: Literal["fixed", "adaptive"] = "fixed"  # fixed: the KL coefficient stays init_kl_coef; adaptive: it moves each step to keep the KL near kl_target
     init_kl_coef: NonNegativeFloat = 0.001  # KL penalty coefficient (the adaptive controller's start)
@@ -61,6 +63,11 @@ class RLConfig:
     max_staleness: NonNegativeInt = 0  # AReaL's eta: rollout runs up to eta versions ahead of the trainer; 0 is synchronous
     use_decoupled_loss: bool = False  # AReaL's decoupled PPO: clip against the policy before the update, weight by it over the rollout's (behaviour) policy
     behav_imp_weight_cap: float = 0.0  # decoupled loss: tokens whose behaviour importance weight exceeds it are left out (0: no cap)
+    rollout_is: Literal["", "token", "sequence"] = ""  # rollout/training mismatch: truncated importance sampling by pi_old / pi_rollout per token or per sequence (their product), capped at rollout_is_threshold (TIS; verl's key); empty: off. Recommended on GPUs (docs/trainer.md)
+    rollout_is_threshold: PositiveFloat = 2.0  # rollout_is: the cap on the importance weight (verl's default 2.0)
+    rollout_rs: Literal["", "token_k1", "seq_sum_k1", "seq_mean_k1"] = ""  # rollout/training mismatch: masked importance sampling, leaving out tokens (token_k1; IcePop with bounds 0.5, 2) or whole sequences (seq_sum_k1: the sequence's ratio; seq_mean_k1: its geometric mean per token) whose pi_old / pi_rollout is outside [rollout_rs_threshold_lower, rollout_rs_threshold] (verl's rollout_rs names); empty: off
+    rollout_rs_threshold: PositiveFloat = 2.0  # rollout_rs: the upper bound on the ratio
+    rollout_rs_threshold_lower: NonNegativeFloat = 0.0  # rollout_rs: the lower bound on the ratio; 0: 1 / rollout_rs_threshold
     routing_replay: bool = False  # MoE: rollout records each token's routed experts, the trainer's forward passes replay them (slime's R3; docs/moe.md)
     use_tensorboard: bool = True  # write TensorBoard scalars
     use_wandb: bool = False  # also log every step to Weights & Biases (the `wandb` extra; WANDB_MODE=offline logs locally)

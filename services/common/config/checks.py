@@ -137,8 +137,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
                       "or leave it 0")
     if rl.clip_higher_enable and rl.clip_ratio_high < rl.clip_ratio_low:
         errors.append(f"rl_config.clip_ratio_high: {rl.clip_ratio_high} < clip_ratio_low {rl.clip_ratio_low}")
-    if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
-        errors.append("rl_config.n_samples_per_prompt: group_norm advantages need at least 2 samples per prompt")
+    if rl.adv_estimator in GROUP_ESTIMATORS and rl.n_samples_per_prompt < 2:
+        errors.append(f"rl_config.n_samples_per_prompt: {rl.adv_estimator} advantages need at least 2 samples per prompt")
+    _validate_algorithms(rl, errors)
     ep = mt.expert_model_parallel_size
     tp_pp = mt.tensor_model_parallel_size * mt.pipeline_model_parallel_size
     if ep > 1 and rl.actor_resource.num_npus % (tp_pp * ep):
@@ -216,6 +217,33 @@ def _validate_multi_turn(cfg: Config, errors: list[str]) -> None:
 
 
 # ---------------------------------------------------------------- trainer: megatron_training's parallel layout
+
+
+GROUP_ESTIMATORS = ("group_norm", "rloo", "reinforce_plus_plus_baseline")  # the estimators whose baseline is the prompt's group
+
+
+def _validate_algorithms(rl, errors: list[str]) -> None:
+    """Dr. GRPO's option, GSPO and the rollout-mismatch correction (docs/trainer.md's table of estimators and losses)."""
+    if not rl.norm_adv_by_std_in_grpo and rl.adv_estimator != "group_norm":
+        errors.append(f"rl_config.norm_adv_by_std_in_grpo: false is Dr. GRPO's option of adv_estimator group_norm; "
+                      f"adv_estimator is {rl.adv_estimator!r} (set adv_estimator: group_norm or leave it true)")
+    if rl.use_kl_in_reward and rl.init_kl_coef <= 0 and rl.adv_estimator in ("rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        errors.append(f"rl_config.use_kl_in_reward: {rl.adv_estimator}'s KL in the reward needs a reference model, built when "
+                      "rl_config.init_kl_coef > 0; got 0 (set a coefficient, or use_kl_in_reward: false)")
+    if rl.policy_loss_mode == "gspo" and rl.loss_agg_mode not in ("", "seq-mean-token-mean"):
+        errors.append(f"rl_config.loss_agg_mode: policy_loss_mode gspo aggregates seq-mean-token-mean (verl's GSPO); "
+                      f"got {rl.loss_agg_mode!r} (leave it empty or set seq-mean-token-mean)")
+    correction = [key for key in ("rollout_is", "rollout_rs") if getattr(rl, key)]
+    if correction and rl.use_decoupled_loss:
+        errors.append(f"rl_config.{correction[0]}: cannot be set with use_decoupled_loss: true; the decoupled loss already weights "
+                      "each token by pi_prox / pi_rollout, the same weight (cap it with behav_imp_weight_cap); set one of them")
+    if rl.rollout_is and rl.rollout_is_threshold <= 1:
+        errors.append(f"rl_config.rollout_is_threshold: the cap on pi_old / pi_rollout must be > 1, got {rl.rollout_is_threshold!r}")
+    if rl.rollout_rs:
+        lower = rl.rollout_rs_threshold_lower or 1.0 / rl.rollout_rs_threshold
+        if not lower < 1 < rl.rollout_rs_threshold:
+            errors.append(f"rl_config.rollout_rs_threshold: the kept ratios [rollout_rs_threshold_lower, rollout_rs_threshold] = "
+                          f"[{lower!r}, {rl.rollout_rs_threshold!r}] must hold 1 (lower < 1 < upper)")
 
 
 def _validate_context_parallel(cfg: Config, errors: list[str]) -> None:

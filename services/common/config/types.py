@@ -92,7 +92,7 @@ def type_name(tp: Any) -> str:
     if origin is tuple:
         return f"list of {type_name(args[0])}"
     if origin is Literal:
-        return " \\| ".join(map(str, args))
+        return " \\| ".join("''" if a == "" else str(a) for a in args)  # '' (off) shown, not a blank
     return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 

@@ -1,4 +1,5 @@
-"""Policy and value losses: PPO clip, DAPO clip-higher, dual-clip, AReaL's decoupled objective, entropy bonus, clipped critic loss."""
+"""Policy and value losses: PPO clip, DAPO clip-higher, dual-clip, GSPO's sequence-level ratio, AReaL's decoupled objective,
+the rollout-mismatch correction (rollout_correction.py), entropy bonus, clipped critic loss."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,9 +8,12 @@ import torch
 
 from services.common.config import LOSS_AGG_MODES
 from services.trainer.algorithm.masked import masked_mean
+from services.trainer.algorithm.rollout_correction import RolloutCorrection, rollout_correction_factor
 
 
 LOG_RATIO_LIMIT = 20.0
+GSPO_LOG_RATIO_MAX = 10.0  # verl's compute_policy_loss_gspo clamps the sequence log-ratio here before exp
+POLICY_LOSS_MODES = ("vanilla", "gspo")  # rl_config.policy_loss_mode, verl's policy_loss.loss_mode names
 
 
 @dataclass(frozen=True)
@@ -24,18 +28,29 @@ class PolicyLossConfig:
     kl_coef: float = 0.0  # KL-in-loss coefficient (0: no KL term)
     decoupled: bool = False  # weight each token by pi_prox / pi_behaviour (AReaL's decoupled PPO)
     behav_imp_weight_cap: float = 0.0  # tokens whose weight exceeds it are left out (0: no cap)
+    mode: str = "vanilla"  # one of POLICY_LOSS_MODES (rl_config.policy_loss_mode)
+    rollout: RolloutCorrection = RolloutCorrection()  # the rollout-mismatch correction (off by default)
 
     @classmethod
     def from_rl_config(cls, rl, kl_coef: float) -> "PolicyLossConfig":
-        """clip_ratio for both bounds unless clip_higher_enable, as MindSpeed-RL reads it."""
+        """clip_ratio for both bounds unless clip_higher_enable, as MindSpeed-RL reads it; GSPO aggregates seq-mean-token-mean
+        whatever token_level_loss says (verl's compute_policy_loss_gspo; the config check refuses another loss_agg_mode)."""
         low, high = (rl.clip_ratio_low, rl.clip_ratio_high) if rl.clip_higher_enable else (rl.clip_ratio, rl.clip_ratio)
         agg = rl.loss_agg_mode or ("token-mean" if rl.token_level_loss else "seq-mean-token-mean")
-        return cls(low, high, rl.clip_ratio_c, agg, rl.entropy_coeff, kl_coef, rl.use_decoupled_loss, rl.behav_imp_weight_cap)
+        if rl.policy_loss_mode == "gspo":
+            agg = "seq-mean-token-mean"
+        return cls(low, high, rl.clip_ratio_c, agg, rl.entropy_coeff, kl_coef, rl.use_decoupled_loss, rl.behav_imp_weight_cap,
+                   rl.policy_loss_mode, RolloutCorrection.from_rl_config(rl))
 
     @property
     def token_level(self) -> bool:
         """Whether the loss is a mean over tokens (micro-batches then weigh by tokens, else by sequences)."""
-        return self.agg == "token-mean"
+        return self.aggregation == "token-mean"
+
+    @property
+    def aggregation(self) -> str:
+        """The loss_agg_mode the loss uses: GSPO's is seq-mean-token-mean whatever `agg` says (verl's compute_policy_loss_gspo)."""
+        return "seq-mean-token-mean" if self.mode == "gspo" else self.agg
 
 
 @dataclass(frozen=True)
@@ -80,21 +95,22 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
     clipped against the proximal policy and each token's term is weighted by the behaviour
     importance weight pi_prox / pi_behaviour, a constant; tokens whose weight exceeds
     cfg.behav_imp_weight_cap are left out of the loss (they keep their place in its denominator).
+
+    With cfg.mode gspo the ratio is GSPO's sequence-level one (_gspo_terms). With cfg.rollout enabled (not with the
+    decoupled loss: the config refuses both), each token's term is multiplied by the rollout-mismatch factor of
+    `old_logprob` against `behaviour_logprob` (rollout_correction.py): the truncated IS weight and / or the rejection
+    mask; rejected tokens keep their place in the denominator, as the decoupled cap's.
     """
     # Clamped before exp: a log-ratio far out (a garbage log-prob, a token the policy has left) would give
     # inf, and inf times a zero advantage a NaN loss; 20 keeps the ratio finite and well past any clip.
     log_ratio = (logprob - old_logprob).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
-    ratio = log_ratio.exp()
     ppo_kl = masked_mean(-log_ratio, mask)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
-    clip_max = torch.maximum(unclipped, clipped)
-    pg_clipfrac = masked_mean((clipped > unclipped).float(), mask)
-    dual_bound = -advantages * cfg.clip_ratio_c
-    dual = torch.minimum(dual_bound, clip_max)
-    negative = advantages < 0
-    pg_clipfrac_lower = masked_mean(((clip_max > dual_bound) & negative).float(), mask)
-    per_token = torch.where(negative, dual, clip_max)
+    if cfg.mode == "gspo":
+        per_token, pg_clipfrac, pg_clipfrac_lower = _gspo_terms(logprob, log_ratio, advantages, mask, cfg)
+    elif cfg.mode == "vanilla":
+        per_token, pg_clipfrac, pg_clipfrac_lower = _clip_terms(log_ratio.exp(), advantages, mask, cfg)
+    else:
+        raise ValueError(f"rl_config.policy_loss_mode: {cfg.mode!r} is not one of {', '.join(POLICY_LOSS_MODES)}")
     zero = per_token.new_zeros(())
     behav_clipfrac, behav_weight_mean = zero, per_token.new_ones(())
     if cfg.decoupled:
@@ -107,12 +123,47 @@ def policy_loss(logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: to
         kept_mask = mask * kept
         behav_weight_mean = masked_mean(weight, kept_mask) if kept_mask.sum() > 0 else zero
         per_token = per_token * torch.where(kept, weight, torch.zeros_like(weight))
-    pg_loss = aggregate(per_token, mask, cfg.agg)
-    ent = aggregate(entropy, mask, cfg.agg) if entropy is not None else zero
-    kl_mean = aggregate(kl, mask, cfg.agg) if kl is not None else zero
+    if cfg.rollout.enabled:
+        if behaviour_logprob is None:
+            raise ValueError("rl_config.rollout_is / rollout_rs: the batch has no rollout log-probs")
+        per_token = per_token * rollout_correction_factor(old_logprob, behaviour_logprob, mask, cfg.rollout)
+    pg_loss = aggregate(per_token, mask, cfg.aggregation)
+    ent = aggregate(entropy, mask, cfg.aggregation) if entropy is not None else zero
+    kl_mean = aggregate(kl, mask, cfg.aggregation) if kl is not None else zero
     loss = pg_loss - cfg.entropy_coeff * ent + cfg.kl_coef * kl_mean
     return PolicyLoss(loss, pg_loss.detach(), pg_clipfrac, pg_clipfrac_lower, ppo_kl.detach(), ent.detach(), kl_mean.detach(),
                       behav_clipfrac, behav_weight_mean)
+
+
+def _clip_terms(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cfg: PolicyLossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token with dual-clip for negative advantages; (terms, pg_clipfrac, pg_clipfrac_lower)."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    clip_max = torch.maximum(unclipped, clipped)
+    pg_clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    dual_bound = -advantages * cfg.clip_ratio_c
+    dual = torch.minimum(dual_bound, clip_max)
+    negative = advantages < 0
+    pg_clipfrac_lower = masked_mean(((clip_max > dual_bound) & negative).float(), mask)
+    return torch.where(negative, dual, clip_max), pg_clipfrac, pg_clipfrac_lower
+
+
+def _gspo_terms(logprob: torch.Tensor, log_ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                cfg: PolicyLossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO (Zheng et al. 2025), as verl's compute_policy_loss_gspo: the sequence ratio s_i = exp(mean over the response of
+    log pi / pi_old), in the paper's token-level gradient form s_i,t = sg[s_i] * pi_t / sg[pi_t] (its value s_i, its
+    gradient s_i * grad log pi_t), log clamped at 10, clipped to [1 - clip_ratio_low, 1 + clip_ratio_high]; no dual-clip
+    (verl's GSPO has none), so pg_clipfrac_lower is 0. The caller aggregates seq-mean-token-mean."""
+    seq_log_ratio = masked_mean(log_ratio, mask, dim=-1).detach().unsqueeze(-1)  # padding never counts in |y_i|
+    # 0 off the mask: a padding position's log-prob may be -inf, and -inf - -inf is NaN
+    grad_only = torch.where(mask > 0, logprob - logprob.detach(), torch.zeros_like(logprob))
+    log_s = (grad_only + seq_log_ratio).clamp(max=GSPO_LOG_RATIO_MAX)
+    ratio = log_s.exp()
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
+    pg_clipfrac = masked_mean((clipped > unclipped).float(), mask)
+    return torch.maximum(unclipped, clipped), pg_clipfrac, pg_clipfrac.new_zeros(())
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,

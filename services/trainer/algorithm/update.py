@@ -17,6 +17,7 @@ from services.trainer.algorithm.kl import kl_penalty
 from services.trainer.modeling import moe_aux_loss
 from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs, run_micro_batches
 from services.trainer.algorithm.losses import PolicyLossConfig, policy_loss
+from services.trainer.algorithm.rollout_correction import rollout_correction_metrics
 from services.trainer.algorithm.update_epochs import reduce_totals, run_update_epochs
 from services.trainer.modeling.data_parallel import sum_over_data_parallel
 from services.trainer.modeling.optimizer import ModelOptimizer
@@ -50,7 +51,7 @@ class TrainBatch:
     advantages: torch.Tensor
     old_logprobs: torch.Tensor | None = None  # None: computed here, or skipped when equal to the current policy
     ref_logprobs: torch.Tensor | None = None  # None: no KL term
-    behaviour_logprobs: torch.Tensor | None = None  # the rollout's log-probs; the decoupled loss weights by them
+    behaviour_logprobs: torch.Tensor | None = None  # the rollout's log-probs; the decoupled loss and the rollout correction weight by them
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class UpdateMetrics:
     optimizer_steps: int
     old_logprob_pass: bool  # False when the pass was skipped (one mini-batch, one epoch)
     moe_aux_loss: float | None = None  # MoE: the routers' load-balancing loss (router_aux_loss_coef x its sum over layers), minimised beside `loss`; None: dense
+    # The rollout-mismatch correction (rl_config.rollout_is / rollout_rs; None when off), over the whole batch, the policy before
+    # the update against the rollout's log-probs; verl's rollout_corr names (rollout_correction_metrics)
+    rollout_is_mean: float | None = None  # the IS weight's mean before truncation (rollout_is)
+    rollout_is_max: float | None = None  # its max (rollout_is)
+    rollout_rs_masked_fraction: float | None = None  # share of response tokens left out (rollout_rs)
+    rollout_corr_k3_kl: float | None = None  # k3 estimate of KL(pi_rollout || pi_old) per token
 
     def as_dict(self) -> dict[str, float]:
         return {k: float(v) for k, v in asdict(self).items() if v is not None}
@@ -140,5 +147,7 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
         sum_over_data_parallel(start_logprobs)  # each rank filled its own rows
     means = dict(zip(LOSS_METRICS, (loss_totals[:-1] / steps.steps).tolist()))
     metrics = UpdateMetrics(**means, grad_norm=steps.grad_norm, lr=steps.lr, optimizer_steps=steps.steps, old_logprob_pass=old_pass,
-                            moe_aux_loss=float(loss_totals[-1]) / steps.steps if moe else None)
+                            moe_aux_loss=float(loss_totals[-1]) / steps.steps if moe else None,
+                            **(rollout_correction_metrics(start_logprobs, batch.behaviour_logprobs, mask, cfg.loss.rollout)
+                               if cfg.loss.rollout.enabled and batch.behaviour_logprobs is not None else {}))
     return UpdateResult(metrics, start_logprobs)

@@ -18,6 +18,7 @@ from torch.profiler import record_function
 from services.common.config import Config
 from services.common.log import log_event
 from services.trainer.algorithm.estimators import build_estimator
+from services.trainer.algorithm.rollout_correction import needs_rollout_logprobs
 from services.trainer.algorithm.estimators.interface import (AdvantageEstimator, Estimate, EstimatorSetup, LogProbPasses,
                                                              EstimatorBatch)
 from services.trainer.modeling.checkpoint import DataCursor, TrainState, latest_step, load_checkpoint, save_checkpoint
@@ -215,7 +216,7 @@ class TrainerSession:
         mask = samples.response_mask()
         scored = EstimatorBatch(samples, mask, torch.tensor(batch.scores, dtype=torch.float32))
         estimate = self.estimator.estimate(scored, LogProbPasses(self.model, self.ref_model, samples, fwd), self.kl_ctrl.value)
-        behaviour = rollout_logprob_matrix(batch, mask) if rl.use_decoupled_loss else None
+        behaviour = rollout_logprob_matrix(batch, mask) if needs_rollout_logprobs(rl) else None
         unreplayed = None
         if rl.routing_replay and self.cfg.trainer.log_logprob_diff:
             # the gap replay closes: the current policy's log-probs with its own routing (one more forward, before the update)

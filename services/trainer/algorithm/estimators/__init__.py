@@ -6,10 +6,16 @@ from typing import Callable
 from services.trainer.algorithm.estimators.gae import GAEEstimator
 from services.trainer.algorithm.estimators.group_norm import GroupNormEstimator
 from services.trainer.algorithm.estimators.interface import AdvantageEstimator, EstimatorSetup
+from services.trainer.algorithm.estimators.reinforce_plus_plus import ReinforcePlusPlusEstimator
+from services.trainer.algorithm.estimators.reinforce_plus_plus_baseline import ReinforcePlusPlusBaselineEstimator
+from services.trainer.algorithm.estimators.rloo import RLOOEstimator
 
 ESTIMATORS: dict[str, Callable[[EstimatorSetup], AdvantageEstimator]] = {
     "group_norm": GroupNormEstimator.build,
     "gae": GAEEstimator.build,
+    "rloo": RLOOEstimator.build,
+    "reinforce_plus_plus": ReinforcePlusPlusEstimator.build,
+    "reinforce_plus_plus_baseline": ReinforcePlusPlusBaselineEstimator.build,
 }
 
 
