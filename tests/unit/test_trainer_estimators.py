@@ -19,11 +19,12 @@ def test_one_estimator_per_accepted_adv_estimator():
 
 
 def test_an_unknown_adv_estimator_is_refused_naming_the_key():
-    with pytest.raises(ConfigError, match="rl_config.adv_estimator: 'rloo'"):
-        config_from_dict({"rl_config": {"adv_estimator": "rloo", "n_samples_per_prompt": 2}})
+    with pytest.raises(ConfigError, match="rl_config.adv_estimator: 'vtrace'"):
+        config_from_dict({"rl_config": {"adv_estimator": "vtrace", "n_samples_per_prompt": 2}})
     cfg = config_from_dict({"rl_config": {"n_samples_per_prompt": 2}})
-    unknown = dataclasses.replace(cfg, rl_config=dataclasses.replace(cfg.rl_config, adv_estimator="rloo"))
-    with pytest.raises(ValueError, match="rl_config.adv_estimator: 'rloo' is not one of group_norm, gae"):
+    unknown = dataclasses.replace(cfg, rl_config=dataclasses.replace(cfg.rl_config, adv_estimator="vtrace"))
+    with pytest.raises(ValueError, match="rl_config.adv_estimator: 'vtrace' is not one of group_norm, gae, rloo, "
+                                         "reinforce_plus_plus, reinforce_plus_plus_baseline"):
         build_estimator(EstimatorSetup(unknown, None, {}, torch.float32, 1))
 
 
