@@ -6,12 +6,13 @@ Each service writes its part of a row and reads the parts it needs; data moves o
     PromptRow     the trainer (put)     prompts, prompt_length, labels
     RolloutPart   a rollout replica     responses, rollout_log_probs, versions (a partial put: these alone),
                                         response_length, finish_reason, routed_experts (when recorded),
-                                        loss_mask (multi-turn episodes)
+                                        loss_mask, episode_stats (multi-turn episodes)
     RewardPart    a rule reward replica rm_scores, rm_parts (when the layout has it)
     ModelScore    a reward-model replica rm_model (when the reward model runs apart)
-    ScoringRow    read by the reward    responses, response_length, and labels / prompts / rm_model as claimed
+    ScoringRow    read by the reward    responses, response_length, and labels / prompts / rm_model as claimed;
+                                        loss_mask, episode_stats when stored
     ScoredSample  read by the trainer   prompts, responses, rm_scores, rollout_log_probs, versions; rm_parts,
-                                        finish_reason, routed_experts, loss_mask when stored
+                                        finish_reason, routed_experts, loss_mask, episode_stats when stored
 
 `to_columns(records)` gives a put's columns (one list per column, a value per row); `from_claim(claim)`
 gives a claim's rows as records, in the claim's row order, None for a value whose column the claim did not
@@ -20,14 +21,14 @@ take or the row does not hold yet. Values read from the dock are numpy arrays as
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from services.common.errors import InvalidArgument
 from services.dock.client import Claim
-from services.dock.schema import (FINISH_REASON, LABELS, LOSS_MASK, PROMPT_LENGTH, PROMPTS, RESPONSE_LENGTH,
+from services.dock.schema import (EPISODE_STATS, EPISODE_STATS_FIELDS, FINISH_REASON, LABELS, LOSS_MASK, PROMPT_LENGTH, PROMPTS, RESPONSE_LENGTH,
                                   RESPONSES, RM_MODEL, RM_PARTS, RM_SCORES, ROLLOUT_LOG_PROBS, ROUTED_EXPERTS,
                                   VERSIONS, ColumnSpec)
 
@@ -57,6 +58,17 @@ def _check_rank(column: ColumnSpec, value: np.ndarray) -> None:
 
 def _scalar(value) -> float:
     return float(np.asarray(value).reshape(-1)[0])
+
+
+def episode_stats(counters: Mapping[str, float], reward: float) -> np.ndarray:
+    """[K] float32 an episode's EPISODE_STATS value: its counters (a kind it never counted: 0) and its reward."""
+    values = {**counters, "environment_reward": reward}
+    return np.array([float(values.get(name, 0.0)) for name in EPISODE_STATS_FIELDS], np.float32)
+
+
+def episode_stat(stats: np.ndarray, name: str) -> float:
+    """One field of an EPISODE_STATS value, by name."""
+    return float(stats[EPISODE_STATS_FIELDS.index(name)])
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,7 @@ class RolloutPart:
     # [0, layers, top_k] for a row that failed before a token); None: not recorded
     routed_experts: np.ndarray | None = None
     loss_mask: np.ndarray | None = None  # [L] uint8 1: a model token, 0: an environment's; None: single-turn (all 1)
+    episode_stats: np.ndarray | None = None  # [K] float32 EPISODE_STATS (episode_stats()); None: single-turn
 
     # The columns a partial put writes and a resuming claim reads (Dock.claim's partial_columns).
     TOKEN_COLUMNS = (RESPONSES, ROLLOUT_LOG_PROBS, VERSIONS)
@@ -113,6 +126,8 @@ class RolloutPart:
             _check_rank(ROUTED_EXPERTS, self.routed_experts)
         if self.loss_mask is not None and (self.loss_mask.ndim != 1 or len(self.loss_mask) != len(self.response_ids)):
             raise InvalidArgument(LOSS_MASK.name, f"shape {self.loss_mask.shape} for {len(self.response_ids)} response tokens")
+        if self.episode_stats is not None and self.episode_stats.shape != (len(EPISODE_STATS_FIELDS),):
+            raise InvalidArgument(EPISODE_STATS.name, f"shape {self.episode_stats.shape}; one value per field of {EPISODE_STATS_FIELDS}")
 
     @property
     def response_length(self) -> int:
@@ -126,10 +141,11 @@ class RolloutPart:
 
     @staticmethod
     def to_columns(parts: Sequence[RolloutPart]) -> dict[str, list]:
-        """A final put's columns: every field; routed_experts and loss_mask only when every part has them."""
+        """A final put's columns: every field; routed_experts, loss_mask and episode_stats only when every part has them."""
         columns = {**RolloutPart.to_partial_columns(parts), RESPONSE_LENGTH.name: [p.response_length for p in parts],
                    FINISH_REASON.name: [p.finish_reason for p in parts]}
-        for column, values in ((ROUTED_EXPERTS, [p.routed_experts for p in parts]), (LOSS_MASK, [p.loss_mask for p in parts])):
+        for column, values in ((ROUTED_EXPERTS, [p.routed_experts for p in parts]), (LOSS_MASK, [p.loss_mask for p in parts]),
+                               (EPISODE_STATS, [p.episode_stats for p in parts])):
             if _all_or_none(column, values):
                 columns[column.name] = values
         return columns
@@ -150,18 +166,36 @@ class ScoringRow:
     label: str  # "": not claimed (a reward-model replica needs none)
     prompt_ids: np.ndarray | None  # [P] int32; None: not claimed (only the reward model reads the prompt)
     model_score: float | None  # [] the reward model's score from its own replicas; None: not claimed
+    loss_mask: np.ndarray | None = None  # [L] uint8 a multi-turn episode's (1: the model's tokens); None: not stored
+    episode_stats: np.ndarray | None = None  # [K] float32 EPISODE_STATS; None: not stored
 
-    # Read when stored, never waited for (a claim's partial_columns).
-    OPTIONAL_COLUMNS = (RESPONSE_LENGTH,)
+    # Read when stored, never waited for (a claim's partial_columns; those of them the layout has): loss_mask and
+    # episode_stats are put with the responses, so a row whose responses are final holds them when its layout does.
+    OPTIONAL_COLUMNS = (RESPONSE_LENGTH, LOSS_MASK, EPISODE_STATS)
 
     @staticmethod
     def from_claim(claim: Claim) -> list[ScoringRow]:
         """The claim's rows (it took RESPONSES and any of LABELS, PROMPTS, RM_MODEL)."""
         return [ScoringRow(ids, None if length is None else int(length), "" if label is None else label, prompt,
-                           None if model is None else _scalar(model))
-                for ids, length, label, prompt, model in zip(
+                           None if model is None else _scalar(model), mask, stats)
+                for ids, length, label, prompt, model, mask, stats in zip(
                     claimed(claim, RESPONSES), claimed(claim, RESPONSE_LENGTH), claimed(claim, LABELS),
-                    claimed(claim, PROMPTS), claimed(claim, RM_MODEL))]
+                    claimed(claim, PROMPTS), claimed(claim, RM_MODEL), claimed(claim, LOSS_MASK),
+                    claimed(claim, EPISODE_STATS))]
+
+    @property
+    def final_turn_ids(self) -> np.ndarray:
+        """The tokens a rule verifier reads: a multi-turn episode's last model turn (the tokens after its last
+        environment token), so a tool response is never scored as the answer; the whole response without a mask."""
+        if self.loss_mask is None:
+            return self.response_ids
+        environment = np.flatnonzero(np.asarray(self.loss_mask) == 0)
+        return self.response_ids if len(environment) == 0 else self.response_ids[int(environment[-1]) + 1:]
+
+    @property
+    def environment_reward(self) -> float:
+        """The episode's environment reward; 0.0 for a row without episode stats."""
+        return 0.0 if self.episode_stats is None else episode_stat(self.episode_stats, "environment_reward")
 
 
 @dataclass(frozen=True)
@@ -209,16 +243,17 @@ class ScoredSample:
     finish_reason: str | None  # a FinishReason value; None: not stored
     routed_experts: np.ndarray | None  # [P+L-1, MoE layers, top_k] uint8; None: not recorded
     loss_mask: np.ndarray | None = None  # [L] uint8 1: a model token (trained), 0: an environment's; None: all 1
+    episode_stats: np.ndarray | None = None  # [K] float32 EPISODE_STATS (episode_stat() reads a field); None: single-turn
 
     # A claim waits for these to be final.
     COLUMNS = (PROMPTS, RESPONSES, RM_SCORES, ROLLOUT_LOG_PROBS, VERSIONS)
-    # Read when stored, never waited for: routed_experts and loss_mask are put with the responses (same put), so a
-    # scored row holds them whenever its replica wrote them.
-    OPTIONAL_COLUMNS = (RM_PARTS, FINISH_REASON, ROUTED_EXPERTS, LOSS_MASK)
+    # Read when stored, never waited for: routed_experts, loss_mask and episode_stats are put with the responses
+    # (same put), so a scored row holds them whenever its replica wrote them.
+    OPTIONAL_COLUMNS = (RM_PARTS, FINISH_REASON, ROUTED_EXPERTS, LOSS_MASK, EPISODE_STATS)
 
     @staticmethod
     def from_claim(claim: Claim) -> list[ScoredSample]:
         """The claim's rows (it took COLUMNS, and those of OPTIONAL_COLUMNS its layout has)."""
-        return [ScoredSample(prompt, response, _scalar(score), log_probs, versions, parts, reason, routed, mask)
-                for prompt, response, score, log_probs, versions, parts, reason, routed, mask in zip(
+        return [ScoredSample(prompt, response, _scalar(score), log_probs, versions, parts, reason, routed, mask, stats)
+                for prompt, response, score, log_probs, versions, parts, reason, routed, mask, stats in zip(
                     *(claimed(claim, c) for c in (*ScoredSample.COLUMNS, *ScoredSample.OPTIONAL_COLUMNS)))]

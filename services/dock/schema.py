@@ -64,6 +64,14 @@ ROUTED_EXPERTS = ColumnSpec("routed_experts", "uint8", (None, None, None))
 # [L] 1 on the model's tokens, 0 on the tokens an environment added (multi-turn episodes: rollout.multi_turn; a
 # layout holds it only then, so a single-turn run stores nothing new)
 LOSS_MASK = ColumnSpec("loss_mask", "uint8", (None,))
+# [K] what one episode did, in the fixed order of EPISODE_STATS_FIELDS (a layout holds it only with an environment,
+# as loss_mask): the tool-call error kinds are those of services/rollout/agent/tool_environment.py, environment_s
+# the seconds in the environment's reset and steps, environment_reward its reward summed over the turns. One
+# column rather than one per field: one value per row to put and read, and a field added later is one name here.
+EPISODE_STATS_FIELDS = ("turns", "tool_calls", "malformed_call", "unknown_tool", "tool_error", "tool_timeout",
+                        "environment_s", "environment_reward")
+TOOL_ERROR_FIELDS = ("malformed_call", "unknown_tool", "tool_error", "tool_timeout")  # summed: the failed calls
+EPISODE_STATS = ColumnSpec("episode_stats", "float32", (None,))  # [K], K = len(EPISODE_STATS_FIELDS)
 FINISH_REASON = ColumnSpec("finish_reason", "utf8")  # a FinishReason value: stop | length | abort | failed (services/common/sample.py)
 RM_SCORES = ColumnSpec("rm_scores", "float32")  # [] reward of the whole response
 RM_PARTS = ColumnSpec("rm_parts", "float32", (None,))  # [V] each verifier's score (rl_config.verifier_function order), before weighting
@@ -143,10 +151,10 @@ class DockLayout:
     @classmethod
     def from_config(cls, cfg: Config, columns: tuple[ColumnSpec, ...] = DEFAULT_COLUMNS) -> DockLayout:
         """The layout a run's config implies: room for the groups the trainer admits (Config.admitted_groups), and
-        the loss mask column when rows run as multi-turn episodes."""
+        the loss mask and episode stats columns when rows run as multi-turn episodes."""
         rl = cfg.rl_config
-        if cfg.rollout.multi_turn.environment and LOSS_MASK not in columns:
-            columns = (*columns, LOSS_MASK)
+        if cfg.rollout.multi_turn.environment:
+            columns = (*columns, *(c for c in (LOSS_MASK, EPISODE_STATS) if c not in columns))
         return cls(
             n_samples_per_prompt=rl.n_samples_per_prompt,
             capacity_groups=cfg.dock.capacity_groups or cfg.admitted_groups,

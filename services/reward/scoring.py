@@ -1,4 +1,6 @@
-"""A sample's reward: the weighted sum of its verifier scores plus the overlong penalty.
+"""A sample's reward: the weighted sum of its verifier scores plus the overlong penalty, plus, for a multi-turn
+episode, its environment's reward times rollout.multi_turn.environment_reward_weight (0 by default: reported in
+the trainer's agent/ metrics, not paid).
 
 The parts are the rule verifiers (run by the process pool) and, when `reward_model` is listed,
 the reward model's score: run by this process's vLLM engine at the same time as the rules, or,
@@ -25,10 +27,14 @@ class ScoringPlan:
     verifiers: tuple[str, ...]
     weights: tuple[float, ...]
     overlong: OverlongPenalty
+    environment_weight: float = 0.0  # rollout.multi_turn.environment_reward_weight: the environment reward's weight
 
     @classmethod
-    def create(cls, verifiers: Sequence[str], weights: Sequence[float], overlong: OverlongPenalty) -> "ScoringPlan":
-        """A plan, or InvalidArgument naming verifier_function / verifier_weight."""
+    def create(cls, verifiers: Sequence[str], weights: Sequence[float], overlong: OverlongPenalty,
+               environment_weight: float = 0.0) -> "ScoringPlan":
+        """A plan, or InvalidArgument naming verifier_function / verifier_weight / environment_reward_weight."""
+        if environment_weight < 0:
+            raise InvalidArgument("rollout.multi_turn.environment_reward_weight", f"{environment_weight} is negative; give >= 0")
         if not verifiers:
             raise InvalidArgument("verifier_function", "give at least one verifier")
         for name in verifiers:
@@ -38,7 +44,7 @@ class ScoringPlan:
             raise InvalidArgument(
                 "verifier_weight", f"{len(weights)} weights for {len(verifiers)} verifier_function entries; give one per verifier"
             )
-        return cls(tuple(verifiers), tuple(float(w) for w in weights), overlong)
+        return cls(tuple(verifiers), tuple(float(w) for w in weights), overlong, float(environment_weight))
 
     @property
     def uses_model(self) -> bool:
@@ -55,18 +61,29 @@ class ScoringPlan:
         """The plan the run's rl_config asks for."""
         return cls.create(rl.verifier_function, rl.verifier_weight, OverlongPenalty.from_rl_config(rl))
 
+    @classmethod
+    def from_config(cls, cfg) -> "ScoringPlan":
+        """The run's plan: rl_config's, with rollout.multi_turn's environment reward weight (a dock worker's rows
+        carry the environment's reward; the gRPC Score service's never do)."""
+        plan = cls.from_rl_config(cfg.rl_config)
+        return cls.create(plan.verifiers, plan.weights, plan.overlong, cfg.rollout.multi_turn.environment_reward_weight)
+
 
 @dataclass(frozen=True)
 class ScoreInput:
     """One decoded response to score; `response_length` in tokens (for the overlong penalty);
     `prompt` (text, chat template included) is read by the reward model only; `model_score` is
-    the reward model's score when another replica computed it already."""
+    the reward model's score when another replica computed it already; `answer` is what the rule verifiers read
+    when it differs from `response` (a multi-turn episode's last model turn); `environment_reward` is a multi-turn
+    episode's environment reward (weighted by the plan's environment_weight)."""
 
     response: str
     label: str
     response_length: int = 0
     prompt: str = ""
     model_score: float | None = None
+    answer: str | None = None  # None: the rules read `response`
+    environment_reward: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +97,7 @@ class PartScore:
 
 @dataclass(frozen=True)
 class SampleScore:
-    """`total = sum(weight * part.score) + overlong_penalty`."""
+    """`total = sum(weight * part.score) + overlong_penalty + environment_weight * environment_reward`."""
 
     total: float
     parts: tuple[PartScore, ...]
@@ -103,7 +120,7 @@ def score_samples(samples: Sequence[ScoreInput], plan: ScoringPlan, runner: Veri
             )
         ids = [model.encode(s.prompt, s.response, f"items[{i}].response") for i, s in enumerate(samples)]
         pending = model.submit(ids)
-    rule_outcomes = runner.run([VerifyTask(s.response, s.label, plan.rules) for s in samples]) if plan.rules else [[] for _ in samples]
+    rule_outcomes = runner.run([VerifyTask(s.response if s.answer is None else s.answer, s.label, plan.rules) for s in samples]) if plan.rules else [[] for _ in samples]
     if pending is not None:
         model_values = pending.result()
     scored = []
@@ -115,6 +132,8 @@ def score_samples(samples: Sequence[ScoreInput], plan: ScoringPlan, runner: Veri
         )
         penalty = plan.overlong(sample.response_length)
         total = sum(w * p.score for w, p in zip(plan.weights, parts)) + penalty
+        if plan.environment_weight:
+            total += plan.environment_weight * sample.environment_reward
         scored.append(SampleScore(total, parts, penalty))
     return scored
 

@@ -101,7 +101,7 @@ class RewardWorker:
             raise FailedPrecondition("megatron_training.tokenizer_name_or_path is empty: the dock worker decodes responses with it")
         holder = f"reward-{'model-' if kind == 'model' else ''}{uuid.uuid4().hex[:8]}"
         dock = Dock.from_config(cfg, token=resolve_token(cfg.auth), holder=holder)
-        worker = cls(dock, ScoringPlan.from_rl_config(cfg.rl_config), runner, decoder, model=model, kind=kind,
+        worker = cls(dock, ScoringPlan.from_config(cfg), runner, decoder, model=model, kind=kind,
                      split=cfg.reward_config.model_replicas > 0)
         worker.profiler = ScoringProfiler.from_config(cfg)
         return worker
@@ -122,7 +122,7 @@ class RewardWorker:
             columns.append(PROMPTS)
         with self.profiler.range("dock_claim"):
             claim = self.dock.claim(CONSUMER, names(columns), self.count, group=True,
-                                    partial_columns=names(ScoringRow.OPTIONAL_COLUMNS), timeout_s=wait_s)
+                                    partial_columns=self._optional_columns(), timeout_s=wait_s)
         if claim is None:
             return None
         if self.profiler.enabled:  # decided on the rows claimed: a claim waits, and the iteration may move meanwhile
@@ -141,7 +141,7 @@ class RewardWorker:
 
     def _model_step(self, wait_s: float) -> BatchReport | None:
         claim = self.dock.claim(MODEL_CONSUMER, names([RESPONSES, PROMPTS]), self.count, group=True,
-                                partial_columns=names(ScoringRow.OPTIONAL_COLUMNS), timeout_s=wait_s)
+                                partial_columns=self._optional_columns(), timeout_s=wait_s)
         if claim is None:
             return None
         started = time.time()
@@ -172,6 +172,10 @@ class RewardWorker:
             timed_out=sum(p.timed_out for s in scored for p in s.parts),
         )
 
+    def _optional_columns(self) -> list[str]:
+        """ScoringRow's optional columns this run's layout holds (a claim may name only columns the layout has)."""
+        return names([c for c in ScoringRow.OPTIONAL_COLUMNS if self.dock.layout.has(c)])
+
     def _inputs(self, claim: Claim) -> list[ScoreInput]:
         inputs = []
         for row in ScoringRow.from_claim(claim):
@@ -179,7 +183,10 @@ class RewardWorker:
             # The reward model reads the prompt as the policy saw it, chat template and its special tokens included.
             prompt = "" if row.prompt_ids is None else self.decoder.decode([int(t) for t in row.prompt_ids], skip_special_tokens=False)
             length = len(tokens) if row.response_length is None else row.response_length
-            inputs.append(ScoreInput(self.decoder.decode(tokens), row.label, length, prompt, row.model_score))
+            # a multi-turn episode's rules read its last model turn only: never a tool response as the answer
+            answer = None if row.loss_mask is None else self.decoder.decode([int(t) for t in row.final_turn_ids])
+            inputs.append(ScoreInput(self.decoder.decode(tokens), row.label, length, prompt, row.model_score, answer,
+                                     row.environment_reward))
         return inputs
 
     def run_until(self, stop: threading.Event, address: str = "", heartbeat_ttl_s: float = 10.0) -> None:

@@ -42,7 +42,7 @@ from services.common.errors import DockrlError, InvalidArgument, ResourceExhaust
 from services.common.log import log_event
 from services.common.metrics import counter
 from services.common.sample import FinishReason
-from services.dock.rows import RolloutPart, claimed, names
+from services.dock.rows import RolloutPart, claimed, episode_stats, names
 from services.dock.schema import LABELS, PROMPTS
 from services.dock.timeline import Span
 from services.dock.worker_loop import RefusalLog, RegistryEntry
@@ -77,12 +77,14 @@ class RowResult:
     # response (a resumed row's prompt holds its partial response); None unless routing is recorded
     routed_experts: np.ndarray | None = None
     loss_mask: list[int] | None = None  # [L] a multi-turn episode's: 1 on the model's tokens; None: a single generation
+    episode_stats: np.ndarray | None = None  # [K] float32 a multi-turn episode's EPISODE_STATS; None: a single generation
 
     def part(self) -> RolloutPart:
         """The row's response so far as the dock stores it."""
         mask = None if self.loss_mask is None else np.asarray(self.loss_mask, np.uint8)
         return RolloutPart(np.asarray(self.sample.token_ids, np.int32), np.asarray(self.sample.logprobs, np.float32),
-                           np.asarray(self.sample.versions, np.int32), self.sample.finish_reason, self.routed_experts, mask)
+                           np.asarray(self.sample.versions, np.int32), self.sample.finish_reason, self.routed_experts, mask,
+                           self.episode_stats)
 
 
 @dataclass
@@ -385,4 +387,5 @@ class DockWorker:
         sample = Completion(token_ids=trajectory.response_ids, logprobs=trajectory.log_probs,
                             versions=trajectory.versions, finish_reason=trajectory.finish_reason)
         return RowResult(index, sample, finished=trajectory.finish_reason != FinishReason.ABORT.value,
-                         generated=len(trajectory.response_ids), loss_mask=trajectory.loss_mask)
+                         generated=len(trajectory.response_ids), loss_mask=trajectory.loss_mask,
+                         episode_stats=episode_stats(trajectory.counters, trajectory.reward))

@@ -12,6 +12,11 @@ pytestmark = pytest.mark.service
 N = 2
 
 
+def held(dock, columns) -> list[str]:
+    """The names of `columns` the dock's layout holds (a claim names only those, as the services do)."""
+    return names([c for c in columns if dock.layout.has(c)])
+
+
 def test_a_sample_goes_from_prompt_to_scored_sample_through_the_dock(dock_factory):
     dock = dock_factory(DockLayout(n_samples_per_prompt=N, capacity_groups=1, partial_rollout_max_split=2))
     rows = dock.rows_of([0])
@@ -32,13 +37,13 @@ def test_a_sample_goes_from_prompt_to_scored_sample_through_the_dock(dock_factor
                          np.append(p.versions, 1).astype(np.int32), FinishReason.STOP.value) for p in prior]
     dock.put(claim.indexes, RolloutPart.to_columns(final), lease=claim.lease, version=1)
 
-    claim = dock.claim("rule_reward", names([RESPONSES, LABELS]), N, partial_columns=names(ScoringRow.OPTIONAL_COLUMNS))
+    claim = dock.claim("rule_reward", names([RESPONSES, LABELS]), N, partial_columns=held(dock, ScoringRow.OPTIONAL_COLUMNS))
     scoring = ScoringRow.from_claim(claim)
     assert [(r.response_ids.tolist(), r.response_length, r.label) for r in scoring] == [([7, 8], 2, "7")] * N
     parts = [RewardPart(float(r.response_ids[0] == int(r.label)), np.array([1.0, 0.0], np.float32)) for r in scoring]
     dock.put(claim.indexes, RewardPart.to_columns(parts), lease=claim.lease)
 
-    claim = dock.claim("actor_train", names(ScoredSample.COLUMNS), N, partial_columns=names(ScoredSample.OPTIONAL_COLUMNS))
+    claim = dock.claim("actor_train", names(ScoredSample.COLUMNS), N, partial_columns=held(dock, ScoredSample.OPTIONAL_COLUMNS))
     samples = ScoredSample.from_claim(claim)
     assert [s.prompt_ids.tolist() for s in samples] == [[5, 6]] * N and [s.score for s in samples] == [1.0] * N
     assert [s.versions.tolist() for s in samples] == [[0, 1]] * N and [s.log_probs.tolist() for s in samples] == [[-0.5, -0.25]] * N

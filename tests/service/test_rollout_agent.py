@@ -20,7 +20,7 @@ from replica_launcher import spawn_replica
 from services.common.config import load_config
 from services.common.tiny_model import build_tiny_model
 from services.dock.client import Dock
-from services.dock.rows import PromptRow
+from services.dock.rows import PromptRow, episode_stat
 from services.dock.schema import DockLayout
 
 pytestmark = pytest.mark.service
@@ -70,7 +70,8 @@ def test_rows_run_as_episodes_and_land_as_trajectories_with_their_loss_mask(tmp_
         while not dock.rollout_done():
             assert time.monotonic() < deadline, f"rollout did not finish: {dock.stats()}"
             time.sleep(0.2)
-        got = dock.read(rows, ["responses", "loss_mask", "rollout_log_probs", "versions", "response_length", "finish_reason"])
+        got = dock.read(rows, ["responses", "loss_mask", "rollout_log_probs", "versions", "response_length", "finish_reason",
+                               "episode_stats"])
     finally:
         replica.stop()
         dock.destroy()
@@ -98,6 +99,12 @@ def test_rows_run_as_episodes_and_land_as_trajectories_with_their_loss_mask(tmp_
         reference = hf_logprobs(hf_model, prompt, response)
         for value, start, end in model_turns:
             assert log_probs[start:end] == pytest.approx(reference[start:end], abs=1e-4)
+        # the episode's stats are stored with it: a model turn per model run, a tool call per observation at least
+        stats = got["episode_stats"][i]
+        assert episode_stat(stats, "turns") == len(model_turns)
+        assert episode_stat(stats, "tool_calls") >= len(runs) - len(model_turns)
+        assert episode_stat(stats, "environment_s") >= 0 and episode_stat(stats, "environment_reward") == 0
         if i < n:  # the prefilled call, never closed by the model: the malformed call is the first observation
             assert len(runs) >= 3 and runs[1][0] == 0
             assert response[runs[1][1]:runs[1][2]] == malformed
+            assert episode_stat(stats, "malformed_call") >= 1

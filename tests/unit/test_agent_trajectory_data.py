@@ -35,7 +35,7 @@ def test_the_layout_holds_the_loss_mask_only_with_an_environment():
     assert not DockLayout.from_config(config_from_dict(BASE)).has(LOSS_MASK)
     agent = config_from_dict({**BASE, "rollout": {"multi_turn": {"environment": "tools"}}})
     layout = DockLayout.from_config(agent)
-    assert layout.has(LOSS_MASK) and layout.columns[:-1] == DEFAULT_COLUMNS
+    assert layout.has(LOSS_MASK) and layout.columns[:len(DEFAULT_COLUMNS)] == DEFAULT_COLUMNS
     assert DockLayout.from_json(layout.to_json()) == layout
 
 

@@ -90,3 +90,14 @@ def test_a_resumed_run_keeps_each_step_once_and_its_summary_line_counts_its_own_
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 6, "accounting": {"rows_trained": 384, "rows_dropped": 0, "from_step": 4}}))
     _print_summary(tmp_path)
     assert capsys.readouterr().out.startswith("steps 4-6, 384 samples trained, 0 dropped")
+
+
+def test_curves_get_a_tool_call_rate_panel_only_when_the_run_logs_it(tmp_path):
+    widths = []
+    for name, extra in (("single", {}), ("agent", {"agent/tool_call_rate": 0.5})):
+        log = RunLog(tmp_path / name, use_tensorboard=False)
+        log.log(1, {"reward/mean": 0.1, **extra})
+        png = log.plot().read_bytes()
+        log.close()
+        widths.append(int.from_bytes(png[16:20], "big"))  # the IHDR width: 5 inches (500 px) a panel
+    assert widths == [1500, 2000]

@@ -62,6 +62,7 @@ class MultiTurnConfig:
     max_tokens_per_turn: NonNegativeInt = 0  # tokens one model turn may generate; 0: the rest of the episode's budget
     max_observation_tokens: PositiveInt = 256  # tokens of one observation (its ids are cut to this, and the cut counted)
     tool_timeout_s: PositiveFloat = 5.0  # seconds one tool call may take; past it the model sees a timeout error
+    environment_reward_weight: NonNegativeFloat = 0.0  # the environment's reward is added to the verifiers' weighted reward times this; 0: reported in the agent/ metrics, not paid
 
 
 @config_section

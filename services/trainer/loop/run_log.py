@@ -13,6 +13,8 @@ from services.dock.timeline import Span
 
 CURVES = (("reward/mean", "reward mean"), ("eval/accuracy", "accuracy, prompts RL trains on"),
           ("eval/test_accuracy", "accuracy, prompts held out from RL"))
+# Panels drawn only when a record holds their metric (multi-turn episodes' runs).
+OPTIONAL_CURVES = (("agent/tool_call_rate", "share of episodes calling a tool"),)
 
 
 TIMELINE_STAGES = (("waiting for scored groups (rollout + reward)", "timing/rollout_and_reward_s", "tab:orange"),
@@ -158,8 +160,9 @@ class RunLog:
         import matplotlib.pyplot as plt
 
         records = self.records()
-        fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.5))
-        for ax, (key, title) in zip(axes, CURVES):
+        curves = (*CURVES, *((key, title) for key, title in OPTIONAL_CURVES if any(r.get(key) is not None for r in records)))
+        fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.5))
+        for ax, (key, title) in zip(axes, curves):
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
             if points:
                 xs, ys = zip(*points)

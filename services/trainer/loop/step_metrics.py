@@ -1,8 +1,10 @@
-"""Metrics of one iteration's batch: rewards, lengths, policy lag, groups without signal."""
+"""Metrics of one iteration's batch: rewards, lengths, policy lag, groups without signal, and multi-turn episodes."""
 from __future__ import annotations
 
 import statistics
 
+from services.dock.rows import episode_stat
+from services.dock.schema import TOOL_ERROR_FIELDS
 from services.trainer.loop.iteration_data import ScoredBatch
 
 
@@ -27,7 +29,45 @@ def batch_metrics(batch: ScoredBatch, trained_version: int, n_samples_per_prompt
         "policy_lag/mean": statistics.fmean(lags) if lags else 0.0,
         "policy_lag/max": max(lags) if lags else 0.0,
         "groups/flat_fraction": sum(len(set(g)) == 1 for g in groups) / len(groups),
+        **agent_metrics(batch),
     }
+
+
+def agent_metrics(batch: ScoredBatch) -> dict[str, float]:
+    """The multi-turn episodes' metrics, from the rows that stored episode stats (none: {}): per episode the model
+    turns, tool calls, failed calls, environment seconds and reward, and response tokens (model and environment) and
+    model tokens; the share of episodes that called a tool; over all calls the error rate, each error kind's rate
+    (agent/error_rate/{kind}) and the success rate (0 calls: no rates). The train/rollout log-prob gap over model tokens is
+    train_rollout_logprob_diff: its mask is the response mask times the loss mask (session.py)."""
+    episodes = [s for s in batch.samples if s.episode_stats is not None]
+    if not episodes:
+        return {}
+
+    def per_episode(name: str) -> list[float]:
+        return [episode_stat(s.episode_stats, name) for s in episodes]
+
+    calls = per_episode("tool_calls")
+    kinds = {kind: sum(per_episode(kind)) for kind in TOOL_ERROR_FIELDS}
+    errors = [sum(episode_stat(s.episode_stats, k) for k in TOOL_ERROR_FIELDS) for s in episodes]
+    lengths = [len(s.response_ids) for s in episodes]
+    model_tokens = [len(s.response_ids) if s.loss_mask is None else int(s.loss_mask.sum()) for s in episodes]
+    metrics = {
+        "agent/turns_mean": statistics.fmean(per_episode("turns")),
+        "agent/tool_calls_mean": statistics.fmean(calls),
+        "agent/tool_errors_mean": statistics.fmean(errors),
+        "agent/tool_call_rate": sum(c > 0 for c in calls) / len(calls),
+        "agent/environment_s_mean": statistics.fmean(per_episode("environment_s")),
+        "agent/environment_reward_mean": statistics.fmean(per_episode("environment_reward")),
+        "agent/episode_length_mean": statistics.fmean(lengths),
+        "agent/episode_length_max": max(lengths),
+        "agent/model_tokens_mean": statistics.fmean(model_tokens),
+    }
+    total = sum(calls)
+    if total > 0:
+        metrics["agent/tool_error_rate"] = sum(errors) / total
+        metrics["agent/tool_success_rate"] = 1.0 - sum(errors) / total
+        metrics.update({f"agent/error_rate/{kind}": count / total for kind, count in kinds.items()})
+    return metrics
 
 
 def _length_stats(name: str, lengths: list[int]) -> dict[str, float]:
