@@ -5,7 +5,6 @@ For tests, benchmarks and local launchers: `spawn_replica(...)` starts it, `.wai
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
@@ -58,28 +57,15 @@ class LocalReplica:
             except psutil.NoSuchProcess:  # a short-lived helper process that has ended meanwhile
                 pass
 
-    def step_engine_until(self, reached, step_s: float = 0.02, settle_s: float = 0.5, timeout_s: float = 60.0) -> None:
+    def step_engine_until(self, reached, step_s: float = 0.02, timeout_s: float = 60.0) -> None:
         """With the engine frozen: lets it run `step_s` at a time until `reached()` is true, checked while it is
-        frozen (so what `reached` sees cannot run past it meanwhile); leaves it frozen.
-
-        What `reached` reads (the API process's metrics, the dock) trails the engine: outputs the engine made in a
-        step reach the API process only when it is scheduled. So after each step `reached` is asked again for up to
-        `settle_s` before the next step; stepping on at once let a starved API process fall seconds behind while
-        the engine ran whole rounds (an 800-token round finished unseen, once, beside other test runs). Each step's
-        thaw, sleep and freeze run at real-time priority where the process may take it (root, as CI runs), so a
-        step lasts `step_s` however loaded the machine is."""
+        frozen (so what `reached` sees cannot run past it meanwhile); leaves it frozen."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            settled = time.monotonic() + settle_s
-            while time.monotonic() < settled:
-                if reached():
-                    return
-                time.sleep(0.05)
+        while not reached():
             assert time.monotonic() < deadline, f"not reached in {timeout_s} s of engine steps"
-            with _realtime():
-                self.thaw_engine()
-                time.sleep(step_s)
-                self.freeze_engine()
+            self.thaw_engine()
+            time.sleep(step_s)
+            self.freeze_engine()
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM, then SIGKILL of its process group if it does not end in `timeout_s` (the default rollout.drain_s is 30)."""
@@ -91,20 +77,6 @@ class LocalReplica:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-
-
-@contextlib.contextmanager
-def _realtime():
-    """Runs the calling thread under SCHED_FIFO while inside, when it is allowed to (else as it was)."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except PermissionError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 
 
 @dataclass
