@@ -8,35 +8,21 @@ import pytest
 
 from services.common.config import ConfigError, config_from_dict
 from services.common.errors import InvalidArgument
-from services.dock import codec
-from services.dock.client import Claim, Lease
+from services.dock.client import Claim
 from services.dock.rows import (PromptRow, RewardPart, RolloutPart, ScoredSample, ScoringRow, episode_stat,
                                 episode_stats)
-from services.dock.schema import (DEFAULT_COLUMNS, EPISODE_STATS, EPISODE_STATS_FIELDS, LABELS, LOSS_MASK, RESPONSES,
+from services.dock.schema import (EPISODE_STATS, EPISODE_STATS_FIELDS, LABELS, LOSS_MASK, RESPONSES,
                                   DockLayout)
 from services.reward.overlong import OverlongPenalty
 from services.reward.pool import InProcessRunner
-from services.reward.scoring import ScoreInput, ScoringPlan, score_samples
+from services.reward.scoring import ScoringPlan, score_samples
 from services.reward.worker import RewardWorker
 from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.loop.step_metrics import agent_metrics, batch_metrics
+from dock_helpers import stored_claim
 
-SPECS = {c.name: c for c in (*DEFAULT_COLUMNS, LOSS_MASK, EPISODE_STATS)}
 BASE = {"rl_config": {"n_samples_per_prompt": 2}}
 AGENT = {**BASE, "rollout": {"multi_turn": {"environment": "tools"}}}
-
-
-def _claim(*puts: dict) -> Claim:
-    """A claim of the rows `puts` wrote, each value encoded and decoded as the dock does."""
-    columns = {}
-    for put in puts:
-        for name, values in put.items():
-            spec = SPECS[name]
-            blobs = codec.encode_column([codec.to_array(v, spec.dtype, name) for v in values], spec.dtype, spec.shape,
-                                        lambda i, v: None)
-            columns[name] = [codec.decode(b) for b in blobs]
-    rows = len(next(iter(columns.values())))
-    return Claim(Lease("test", "lease", 0), list(range(rows)), [0] * rows, columns)
 
 
 def _part(mask: list[int], stats: np.ndarray | None) -> RolloutPart:
@@ -59,10 +45,10 @@ def test_episode_stats_round_trip_through_the_dock():
         [3, 2, 1, 0, 0.5]
     columns = RolloutPart.to_columns([_part([1, 0, 1], stats)])
     assert EPISODE_STATS.name not in RolloutPart.to_columns([_part([1], None)])
-    sample, = ScoredSample.from_claim(_claim(PromptRow.to_columns([PromptRow(np.array([7], np.int32), "")]), columns,
+    sample, = ScoredSample.from_claim(stored_claim(PromptRow.to_columns([PromptRow(np.array([7], np.int32), "")]), columns,
                                              RewardPart.to_columns([RewardPart(1.0, None)])))
     assert sample.episode_stats.tolist() == stats.tolist() and sample.loss_mask.tolist() == [1, 0, 1]
-    row, = ScoringRow.from_claim(_claim(columns))
+    row, = ScoringRow.from_claim(stored_claim(columns))
     assert row.environment_reward == 0.5 and row.final_turn_ids.tolist() == [2]
 
 
@@ -116,7 +102,7 @@ def _episode_claim(turns: list[tuple[str, int]], label: str, stats: np.ndarray |
     put = {RESPONSES.name: [np.array(ids, np.int32)], LABELS.name: [label], LOSS_MASK.name: [np.array(mask, np.uint8)]}
     if stats is not None:
         put[EPISODE_STATS.name] = [stats]
-    return _claim(put)
+    return stored_claim(put)
 
 
 def test_the_rules_read_the_last_model_turn_only():
@@ -131,7 +117,7 @@ def test_the_rules_read_the_last_model_turn_only():
     assert r"\boxed{7}" in inputs[0].response  # the whole trajectory is still the response (the reward model's, the length's)
     assert [s.total for s in score_samples(inputs, plan, InProcessRunner())] == [1.0, 0.0]
     # a row without a mask is scored as today: its whole response
-    single = _claim({RESPONSES.name: [np.array([ord(c) for c in r"\boxed{34}"], np.int32)], LABELS.name: ["34"]})
+    single = stored_claim({RESPONSES.name: [np.array([ord(c) for c in r"\boxed{34}"], np.int32)], LABELS.name: ["34"]})
     assert worker._inputs(single)[0].answer is None
     assert score_samples(worker._inputs(single), plan, InProcessRunner())[0].total == 1.0
 

@@ -7,28 +7,13 @@ import torch
 
 from services.common.config import config_from_dict
 from services.common.errors import InvalidArgument
-from services.dock import codec
-from services.dock.client import Claim, Lease
 from services.dock.rows import PromptRow, RewardPart, RolloutPart, ScoredSample
 from services.dock.schema import DEFAULT_COLUMNS, LOSS_MASK, DockLayout
 from services.trainer.algorithm.advantages import token_level_rewards
 from services.trainer.modeling.logprobs import ResponseBatch
+from dock_helpers import stored_claim
 
-SPECS = {c.name: c for c in (*DEFAULT_COLUMNS, LOSS_MASK)}
 BASE = {"rl_config": {"n_samples_per_prompt": 2}}
-
-
-def _claim(*puts: dict) -> Claim:
-    """A claim of the rows `puts` wrote, each value encoded and decoded as the dock does."""
-    columns = {}
-    for put in puts:
-        for name, values in put.items():
-            spec = SPECS[name]
-            blobs = codec.encode_column([codec.to_array(v, spec.dtype, name) for v in values], spec.dtype, spec.shape,
-                                        lambda i, v: None)
-            columns[name] = [codec.decode(b) for b in blobs]
-    rows = len(next(iter(columns.values())))
-    return Claim(Lease("test", "lease", 0), list(range(rows)), [0] * rows, columns)
 
 
 def test_the_layout_holds_the_loss_mask_only_with_an_environment():
@@ -47,7 +32,7 @@ def test_a_trajectory_round_trips_with_its_mask():
     assert columns[LOSS_MASK.name][0] is mask
     assert LOSS_MASK.name not in RolloutPart.to_columns([RolloutPart(np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
                                                                     np.zeros(2, np.int32), "stop")])
-    sample, = ScoredSample.from_claim(_claim(PromptRow.to_columns([PromptRow(np.array([7], np.int32), "")]), columns,
+    sample, = ScoredSample.from_claim(stored_claim(PromptRow.to_columns([PromptRow(np.array([7], np.int32), "")]), columns,
                                              RewardPart.to_columns([RewardPart(1.0, None)])))
     assert sample.loss_mask.tolist() == mask.tolist() and sample.loss_mask.dtype == np.uint8
 

@@ -5,37 +5,10 @@ import pytest
 
 from services.common.errors import InvalidArgument
 from services.common.sample import FinishReason
-from services.dock import codec
-from services.dock.client import Claim, Lease
 from services.dock.rows import ModelScore, PromptRow, RewardPart, RolloutPart, ScoredSample, ScoringRow, claimed
 from services.dock.schema import (DEFAULT_COLUMNS, FINISH_REASON, PROMPTS, RESPONSE_LENGTH, RM_PARTS, ROLLOUT_LOG_PROBS, ROUTED_EXPERTS,
                                   VERSIONS, DockLayout)
-
-SPECS = {c.name: c for c in DEFAULT_COLUMNS}
-
-
-def _stored(columns: dict) -> dict[str, list]:
-    """`columns` as a claim reads them back: each value encoded and decoded as the dock does."""
-    def refuse(i, value):
-        raise AssertionError(f"value {i} ({value!r}) took the checked path")
-
-    out = {}
-    for name, values in columns.items():
-        spec = SPECS[name]
-        blobs = codec.encode_column([codec.to_array(v, spec.dtype, name) for v in values], spec.dtype, spec.shape, refuse)
-        out[name] = [codec.decode(b) for b in blobs]
-    return out
-
-
-def _claim_of(columns: dict[str, list]) -> Claim:
-    rows = len(next(iter(columns.values())))
-    return Claim(Lease("test", "lease", 0), list(range(rows)), [0] * rows, columns)
-
-
-def _claim(*puts: dict) -> Claim:
-    """A claim of the rows `puts` wrote, every column of theirs taken."""
-    return _claim_of({name: values for put in puts for name, values in _stored(put).items()})
-
+from dock_helpers import claim_of, stored_claim, stored_columns
 
 def _rollout(tokens: list[int], version: int = 3, **fields) -> RolloutPart:
     return RolloutPart(np.array(tokens, np.int32), np.full(len(tokens), -0.5, np.float32),
@@ -54,7 +27,7 @@ def test_one_sample_round_trips_from_prompt_to_scored_sample():
     parts = [_rollout([1, 2], finish_reason=FinishReason.STOP.value, routed_experts=routed),
              _rollout([9], version=4, finish_reason=FinishReason.LENGTH.value, routed_experts=np.zeros((0, 2, 2), np.uint8))]
     rewards = [RewardPart(1.0, np.array([1.0, 0.5], np.float32)), RewardPart(0.0, np.array([0.0, 0.5], np.float32))]
-    claim = _claim(PromptRow.to_columns(prompts), RolloutPart.to_columns(parts), RewardPart.to_columns(rewards))
+    claim = stored_claim(PromptRow.to_columns(prompts), RolloutPart.to_columns(parts), RewardPart.to_columns(rewards))
     assert claimed(claim, RESPONSE_LENGTH) == [2, 1]
 
     samples = ScoredSample.from_claim(claim)
@@ -76,7 +49,7 @@ def test_a_partial_put_carries_the_tokens_alone_and_a_resuming_claim_reads_them(
     columns = RolloutPart.to_partial_columns([_rollout([4, 5, 6])])
     assert set(columns) == {c.name for c in RolloutPart.TOKEN_COLUMNS}
     # row 1 was never put partial: a claim reads None for each of its token columns
-    resumed, fresh = RolloutPart.from_claim(_claim_of({name: values + [None] for name, values in _stored(columns).items()}))
+    resumed, fresh = RolloutPart.from_claim(claim_of({name: values + [None] for name, values in stored_columns(columns).items()}))
     assert resumed.response_ids.tolist() == [4, 5, 6] and resumed.versions.tolist() == [3, 3, 3]
     assert resumed.finish_reason is None and fresh is None
 
@@ -88,12 +61,12 @@ def test_optional_columns_absent_read_as_none():
     del columns[FINISH_REASON.name]  # as in a layout without the column (the trainer claims it only when there)
     rewards = RewardPart.to_columns([RewardPart(0.5, None)])
     assert RM_PARTS.name not in rewards
-    claim = _claim(PromptRow.to_columns([PromptRow(np.array([1], np.int32), "")]), columns, rewards)
+    claim = stored_claim(PromptRow.to_columns([PromptRow(np.array([1], np.int32), "")]), columns, rewards)
     sample, = ScoredSample.from_claim(claim)
     assert sample.parts is None and sample.routed_experts is None and sample.finish_reason is None
-    row, = ScoringRow.from_claim(_claim(RolloutPart.to_partial_columns([_rollout([1, 2])])))
+    row, = ScoringRow.from_claim(stored_claim(RolloutPart.to_partial_columns([_rollout([1, 2])])))
     assert row.response_length is None and row.label == "" and row.prompt_ids is None and row.model_score is None
-    row, = ScoringRow.from_claim(_claim(RolloutPart.to_partial_columns([_rollout([1])]), ModelScore.to_columns([ModelScore(0.25)])))
+    row, = ScoringRow.from_claim(stored_claim(RolloutPart.to_partial_columns([_rollout([1])]), ModelScore.to_columns([ModelScore(0.25)])))
     assert row.model_score == 0.25
 
 
