@@ -48,7 +48,7 @@ from services.dock.timeline import Span
 from services.dock.worker_loop import RefusalLog, RegistryEntry
 from services.rollout.agent.environment import Task, environment_factory
 from services.rollout.agent.episode import EpisodeLimits, Trajectory, run_episode
-from services.rollout.engine import Completion, RolloutEngine
+from services.rollout.engine import Completion, GenerationStream, RolloutEngine
 from services.rollout.profiling import EngineProfiler
 from services.rollout.routing_recorder import RECORD_PREFIX
 from services.rollout.sampling import SamplingOverrides, sample_seed
@@ -292,6 +292,24 @@ class DockWorker:
                                 version=self.engine.version)
         settled.update(r.index for r in done)
 
+    async def _open(self, index: int, ids: list[int], overrides: SamplingOverrides, running: InFlight,
+                    **options) -> GenerationStream | str:
+        """Opens row `index`'s engine request on `ids` (`options`: RolloutEngine.open's), waiting while the queue is
+        full (HTTP users share it); or, when it cannot begin, why, as a FinishReason value: abort (the iteration's
+        target was reached, or the drain's deadline stopped the engine) or failed (the row cannot be generated; logged)."""
+        while True:
+            if running.interrupted:
+                return FinishReason.ABORT.value
+            try:
+                return self.engine.open(ids, overrides, **options)
+            except ResourceExhausted:
+                await asyncio.sleep(QUEUE_RETRY_S)
+            except Unavailable:
+                return FinishReason.ABORT.value
+            except InvalidArgument as exc:
+                log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
+                return FinishReason.FAILED.value
+
     async def _generate(self, index: int, prompt: list[int], prior: RolloutPart | None, running: InFlight) -> RowResult:
         """Generates row `index` for this claim's budget, continuing `prior` (the partial response stored so far, if
         any); `running` holds its request id while it runs."""
@@ -309,21 +327,12 @@ class DockWorker:
         final_only = not self.dock.layout.partial_rollout and self.cfg.rl_config.max_staleness == 0
         record = self.engine.routing_shape != (0, 0)
         request_id = RECORD_PREFIX + uuid.uuid4().hex if record else ""  # the prefix asks the worker to record its routing
-        while True:
-            if running.interrupted:  # the target was reached before this row began: back as it was
-                return RowResult(index, sample, finished=False)
-            try:
-                stream = self.engine.open(prompt + sample.token_ids, overrides, request_id=request_id, detokenize=False,
-                                          final_only=final_only)
-                break
-            except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
-                await asyncio.sleep(QUEUE_RETRY_S)
-            except Unavailable:  # the drain's deadline stopped the engine before this row began: back as it was
-                return RowResult(index, sample, finished=False)
-            except InvalidArgument as exc:  # this row cannot be generated; it goes back as failed
-                log_event(log, "row failed", level=logging.WARNING, row=index, error=str(exc))
-                sample.finish_reason = FinishReason.FAILED.value
-                return RowResult(index, sample, finished=True)
+        stream = await self._open(index, prompt + sample.token_ids, overrides, running, request_id=request_id,
+                                  detokenize=False, final_only=final_only)
+        if isinstance(stream, str):  # abort: not begun, back as it was; failed: it cannot be generated, back as failed
+            if stream == FinishReason.FAILED.value:
+                sample.finish_reason = stream
+            return RowResult(index, sample, finished=stream == FinishReason.FAILED.value)
         prior, version = len(sample.token_ids), self.engine.version
         running.requests[index] = stream.request_id
         try:
@@ -349,19 +358,11 @@ class DockWorker:
             # each turn its own seed (the tokens so far part it from the episode's other turns)
             seed = sample_seed(self.seed, prompt, sample_index, self.engine.version, len(ids) - len(prompt))
             overrides = SamplingOverrides(max_tokens=max_new, n=1, logprobs=0, seed=seed, stop=self.turn_stop)
-            while True:
-                try:  # stop strings need the engine's detokenizer
-                    stream = self.engine.open(ids, overrides, detokenize=self.turn_stop is not None)
-                    break
-                except ResourceExhausted:  # the queue is full (HTTP users share it): wait for room
-                    await asyncio.sleep(QUEUE_RETRY_S)
-                except Unavailable:  # the drain's deadline stopped the engine: the episode goes back
-                    turn.finish_reason = FinishReason.ABORT.value
-                    return turn
-                except InvalidArgument as exc:  # this turn cannot be generated: the row fails
-                    log_event(log, "episode turn failed", level=logging.WARNING, row=index, error=str(exc))
-                    turn.finish_reason = FinishReason.FAILED.value
-                    return turn
+            # stop strings need the engine's detokenizer
+            stream = await self._open(index, ids, overrides, running, detokenize=self.turn_stop is not None)
+            if isinstance(stream, str):  # abort: the episode goes back; failed: this turn cannot be generated, the row fails
+                turn.finish_reason = stream
+                return turn
             running.requests[index] = stream.request_id
             try:
                 async for delta in stream.deltas():
