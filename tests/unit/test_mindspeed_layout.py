@@ -89,10 +89,10 @@ def test_mindspeed_rls_eplb_keys_import(tmp_path):
     (lambda d: d["megatron_training"].update(hidden_dropout=0.1), "megatron_training.hidden_dropout: 0.1 cannot run here"),
     (lambda d: d["generate_config"].update(infer_expert_parallel_size=4), "generate_config.infer_expert_parallel_size: 4"),
     (lambda d: d.update(msprobe_config={"msprobe": True}), "msprobe_config.msprobe: true"),
-    (lambda d: d["rl_config"].update(actor_forward_micro_batch_size=4), "rl_config.actor_forward_micro_batch_size: 4 differs"),
+    (lambda d: d["actor_config"].update(num_layer_list="16,12"), "megatron_training.num_layer_list: '16,12' cannot run here"),
     (lambda d: d["actor_config"].update(model="qwen25_72b"), "megatron_training.model: 'qwen25_72b' is not among"),
     (lambda d: d.update(defaults=[{"model": ["missing"]}]), "defaults.model: 'missing' has no model file"),
-    (lambda d: d["rl_config"].update(filter_groups_metric="grpo/acc_for_dapo_rewards/mean"),
+    (lambda d: d["rl_config"].update(filter_groups_enable=True, filter_groups_metric="grpo/acc_for_dapo_rewards/mean"),
      "rl_config.filter_groups_metric: 'grpo/acc_for_dapo_rewards/mean' names the verifier 'acc_for_dapo', which "
      "rl_config.verifier_function ['base_acc'] does not list"),
     (lambda d: d["actor_config"].update(lr_decay_stlye="cosine"), "megatron_training.lr_decay_stlye: unknown key (did you mean 'lr_decay_style'?)"),

@@ -60,6 +60,13 @@ class RLConfig:
     use_remove_padding: bool = False  # pack sequences without padding for logprob/update passes
     use_dynamic_bsz: bool = False  # form micro-batches by token count instead of sample count
     max_packing_token_size: int = 4096  # tokens per packed micro-batch with use_dynamic_bsz
+    # The forward-only log-prob passes keep no activations for a backward pass, so they may take larger micro-batches
+    # than the update (MindSpeed-RL's keys): each 0 takes megatron_training.micro_batch_size / max_packing_token_size.
+    actor_forward_micro_batch_size: NonNegativeInt = 0  # samples per micro-batch of the policy's log-prob pass; 0: micro_batch_size
+    ref_forward_micro_batch_size: NonNegativeInt = 0  # samples per micro-batch of the reference's log-prob pass; 0: micro_batch_size
+    actor_max_packing_token_size: NonNegativeInt = 0  # with use_dynamic_bsz, tokens per micro-batch of the policy's log-prob pass; 0: max_packing_token_size
+    ref_max_packing_token_size: NonNegativeInt = 0  # with use_dynamic_bsz, tokens per micro-batch of the reference's log-prob pass; 0: max_packing_token_size
+    update_max_packing_token_size: NonNegativeInt = 0  # with use_dynamic_bsz, tokens per micro-batch of the update; 0: max_packing_token_size
     max_staleness: NonNegativeInt = 0  # AReaL's eta: rollout runs up to eta versions ahead of the trainer; 0 is synchronous
     use_decoupled_loss: bool = False  # AReaL's decoupled PPO: clip against the policy before the update, weight by it over the rollout's (behaviour) policy
     behav_imp_weight_cap: float = 0.0  # decoupled loss: tokens whose behaviour importance weight exceeds it are left out (0: no cap)

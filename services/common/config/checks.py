@@ -299,6 +299,12 @@ def _validate_virtual_pipeline(cfg: Config, errors: list[str]) -> None:
     if mt.context_parallel_size > 1:
         errors.append(f"{key}: not built with context_parallel_size > 1 (the schedule's one activation shape would have to "
                       "pad each CP rank's share); set one of them to 1 (or null)")
+    rows = cfg.samples_per_iteration // cfg.actor_data_parallel_size  # a rank's rows in a log-prob pass
+    for name in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
+        size = getattr(rl, name)
+        if size and not rl.use_dynamic_bsz and pp >= 2 and (rows % size or (rows // size) % pp):
+            errors.append(f"rl_config.{name}: {size}; the interleaved schedule needs each rank's {rows} rows of a log-prob pass "
+                          f"cut into a multiple of pipeline_model_parallel_size {pp} micro-batches of this size")
     mini = rl.mini_batch_size or cfg.samples_per_iteration
     if rl.use_dynamic_bsz:
         # Token-budget micro-batches are cut until their count is a multiple of PP (logprobs.micro_batches), which a

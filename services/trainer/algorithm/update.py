@@ -34,13 +34,14 @@ class UpdateConfig:
     seed: int = 1234
     forward: ForwardConfig = ForwardConfig()
     loss: PolicyLossConfig = PolicyLossConfig()
+    old_forward: ForwardConfig | None = None  # the old log-prob pass when the update makes one (rl_config.actor_forward_*); None: `forward`
 
     @classmethod
     def from_config(cls, cfg) -> "UpdateConfig":
         rl, mt = cfg.rl_config, cfg.megatron_training
         kl_coef = 0.0 if rl.use_kl_in_reward else rl.init_kl_coef
         return cls(rl.mini_batch_size, rl.epochs, rl.shuffle_mini_batch, rl.kl_penalty, mt.seed,
-                   ForwardConfig.from_config(cfg), PolicyLossConfig.from_rl_config(rl, kl_coef))
+                   ForwardConfig.from_config(cfg), PolicyLossConfig.from_rl_config(rl, kl_coef), ForwardConfig.from_config(cfg, "actor"))
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,7 @@ def update_policy(model, optimizer: ModelOptimizer, batch: TrainBatch, cfg: Upda
     samples = batch.samples
     mask = samples.response_mask()
     old_pass = batch.old_logprobs is None and needs_old_logprob_pass(samples.size, cfg)
-    old_logprobs = compute_logprobs(model, samples, cfg.forward)[0] if old_pass else batch.old_logprobs
+    old_logprobs = compute_logprobs(model, samples, cfg.old_forward or cfg.forward)[0] if old_pass else batch.old_logprobs
     # Without old log-probs there is one step over every sample: its forward pass fills these.
     start_logprobs = old_logprobs.float().cpu() if old_logprobs is not None else torch.zeros(samples.size, samples.max_response_length)
     model.train()

@@ -28,7 +28,7 @@ from services.trainer.loop.control import TrainerControl
 from services.trainer.loop.determinism import enable_determinism
 from services.trainer.algorithm.kl import KLController
 from services.trainer.loop.iteration_data import ScoredBatch
-from services.trainer.modeling.logprobs import ResponseBatch, compute_logprobs
+from services.trainer.modeling.logprobs import ForwardConfig, ResponseBatch, compute_logprobs
 from services.trainer.algorithm.masked import masked_mean
 from services.trainer.modeling.model import ModelLayout, build_model, destroy_parallel, init_parallel
 from services.trainer.loop.server import start_server
@@ -215,13 +215,15 @@ class TrainerSession:
                                                None if any(m is None for m in masks) else masks)
         mask = samples.response_mask()
         scored = EstimatorBatch(samples, mask, torch.tensor(batch.scores, dtype=torch.float32))
-        estimate = self.estimator.estimate(scored, LogProbPasses(self.model, self.ref_model, samples, fwd), self.kl_ctrl.value)
+        passes = LogProbPasses(self.model, self.ref_model, samples, fwd, ForwardConfig.from_config(self.cfg, "actor"),
+                               ForwardConfig.from_config(self.cfg, "ref"))
+        estimate = self.estimator.estimate(scored, passes, self.kl_ctrl.value)
         behaviour = rollout_logprob_matrix(batch, mask) if needs_rollout_logprobs(rl) else None
         unreplayed = None
         if rl.routing_replay and self.cfg.trainer.log_logprob_diff:
             # the gap replay closes: the current policy's log-probs with its own routing (one more forward, before the update)
             with record_function("actor_compute_log_prob_unreplayed"):
-                unreplayed = compute_logprobs(self.model, replace(samples, routed_experts=None), fwd)[0].float().cpu()
+                unreplayed = compute_logprobs(self.model, replace(samples, routed_experts=None), passes.policy_forward)[0].float().cpu()
         with record_function("actor_update"):  # its first micro-batches' log-probs are the old policy's (no separate pass)
             out = update_policy(self.model, self.optimizer, TrainBatch(samples, estimate.advantages, estimate.old_logprobs,
                                                                        estimate.ref_logprobs, behaviour),

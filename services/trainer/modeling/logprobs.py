@@ -107,10 +107,16 @@ class ForwardConfig:
     count_multiple_of: int = 1
 
     @classmethod
-    def from_config(cls, cfg) -> "ForwardConfig":
+    def from_config(cls, cfg, role: str = "update") -> "ForwardConfig":
+        """The micro-batching of one pass: "update" (the policy's and the critic's training passes), "actor" or "ref"
+        (the forward-only log-prob passes, which may take larger micro-batches: rl_config.*_forward_micro_batch_size)."""
         rl, mt = cfg.rl_config, cfg.megatron_training
         multiple = mt.pipeline_model_parallel_size if mt.virtual_pipeline_model_parallel_size else 1
-        return cls(mt.micro_batch_size, rl.use_remove_padding, rl.use_dynamic_bsz, rl.max_packing_token_size, multiple)
+        size = {"actor": rl.actor_forward_micro_batch_size, "ref": rl.ref_forward_micro_batch_size, "update": 0}[role]
+        budget = {"actor": rl.actor_max_packing_token_size, "ref": rl.ref_max_packing_token_size,
+                  "update": rl.update_max_packing_token_size}[role]
+        return cls(size or mt.micro_batch_size, rl.use_remove_padding, rl.use_dynamic_bsz, budget or rl.max_packing_token_size,
+                   multiple)
 
 
 def micro_batches(batch: ResponseBatch, cfg: ForwardConfig) -> list[torch.Tensor]:

@@ -32,19 +32,21 @@ class LogProbPasses:
     policy: Any
     reference: Any | None  # None: no reference model (init_kl_coef 0)
     samples: ResponseBatch
-    forward: ForwardConfig
+    forward: ForwardConfig  # the training passes' micro-batches (a critic's value pass takes them too)
+    policy_forward: ForwardConfig | None = None  # the policy's log-prob pass (rl_config.actor_forward_*); None: `forward`
+    reference_forward: ForwardConfig | None = None  # the reference's (rl_config.ref_forward_*); None: `forward`
 
     def old_logprobs(self) -> torch.Tensor:
         """The policy's log-probs before the update (the update computes its own when not given them)."""
         with record_function("actor_compute_log_prob"):
-            return compute_logprobs(self.policy, self.samples, self.forward)[0].float().cpu()
+            return compute_logprobs(self.policy, self.samples, self.policy_forward or self.forward)[0].float().cpu()
 
     def reference_logprobs(self) -> torch.Tensor | None:
         """The reference model's log-probs; None without a reference model."""
         if self.reference is None:
             return None
         with torch.no_grad(), record_function("reference_compute_log_prob"):
-            return compute_logprobs(self.reference, self.samples, self.forward)[0].float().cpu()
+            return compute_logprobs(self.reference, self.samples, self.reference_forward or self.forward)[0].float().cpu()
 
 
 @dataclass(frozen=True)
