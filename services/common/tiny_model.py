@@ -1,4 +1,4 @@
-"""A tiny Qwen2-layout (or Qwen2-MoE / Qwen3-MoE) Hugging Face checkpoint and a byte-level tokenizer, built locally.
+"""A tiny Qwen2-layout (or Qwen3, Qwen2-MoE, Qwen3-MoE) Hugging Face checkpoint and a byte-level tokenizer, built locally.
 
 No weights can be downloaded on the machines this project targets, so tests and the demo build
 their model here, deterministically for a seed. head_dim = hidden_size / num_attention_heads must
@@ -41,7 +41,7 @@ def build_tokenizer(out_dir: pathlib.Path, chat_template: str) -> int:
 
 def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitModelConfig(), prompt_type: str = "qwen",
                      vocab_size: int = 0, reward: bool = False) -> pathlib.Path:
-    """Builds a randomly initialised model of `cfg.architecture` (Qwen2, Qwen2-MoE, Qwen3-MoE) and its tokenizer under `out_dir`.
+    """Builds a randomly initialised model of `cfg.architecture` (Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE) and its tokenizer under `out_dir`.
 
     `vocab_size` (0: the tokenizer's, padded to 64) gives the embedding a real model's size, e.g.
     for benchmarks; ids past the tokenizer's are valid token ids without text. `reward` builds a
@@ -98,15 +98,17 @@ def build_tiny_model(out_dir: str | pathlib.Path, cfg: InitModelConfig = InitMod
     return out
 
 
-_CAUSAL_LM = {"qwen2": "Qwen2ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+_CAUSAL_LM = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def _hf_config(cfg: InitModelConfig, architecture: str, **common):
     """The transformers config of `architecture` with the shared fields `common` and cfg's MoE sizes."""
-    from transformers import Qwen2Config, Qwen2MoeConfig, Qwen3MoeConfig
+    from transformers import Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
     if architecture == "qwen2":
         return Qwen2Config(**common)
+    if architecture == "qwen3":  # Qwen3-0.6B's shape of layer: q/k RMSNorm, no attention bias, head_dim explicit
+        return Qwen3Config(**common, head_dim=cfg.hidden_size // cfg.num_attention_heads, attention_bias=False)
     moe = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok, moe_intermediate_size=cfg.moe_intermediate_size,
                decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001)
     if architecture == "qwen2_moe":  # Qwen1.5-MoE's routing: top-k of the softmax, not renormalised

@@ -239,7 +239,7 @@ def test_config_is_frozen():
       "megatron_training": {"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2}},
      r"rl_config\.routing_replay: not built with megatron_training\.virtual_pipeline_model_parallel_size"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"architecture": "mixtral"}},
-     r"init_model\.architecture: 'mixtral' is not one of qwen2, qwen2_moe, qwen3_moe"),
+     r"init_model\.architecture: 'mixtral' is not one of qwen2, qwen3, qwen2_moe, qwen3_moe"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"num_experts": 8}},
      r"init_model\.num_experts: 8 has no effect on architecture 'qwen2'; remove it"),
     ({"rl_config": {"n_samples_per_prompt": 2}, "init_model": {"architecture": "qwen3_moe", "shared_expert_intermediate_size": 64}},

@@ -72,3 +72,22 @@ def test_model_parallel_ranks_give_one_rank_loss_gradients_logprobs_and_weights(
     for r in ranks:
         assert r["hf_weights"].keys() == original.keys()
         assert all(torch.equal(r["hf_weights"][k], original[k]) for k in original)
+
+
+def test_a_dense_qwen3_model_converts_both_ways_and_its_logits_match_transformers(tmp_path):
+    """Qwen3 (Qwen3-0.6B / 8B / 32B's layer: q/k RMSNorm per head, no QKV bias) at the tiny size."""
+    from transformers import Qwen3ForCausalLM
+
+    from services.trainer.modeling.checkpoint_convert import hf_to_megatron
+    from services.trainer.modeling.model import ModelLayout
+
+    hf_dir = tiny_hf_model(tmp_path, architecture="qwen3")
+    layout = ModelLayout.from_hf_dir(hf_dir)
+    assert layout.qk_layernorm and not layout.qkv_bias
+    hf = load_hf_state(hf_dir)
+    assert "model.layers.0.self_attn.q_norm.weight" in hf
+    for tp, pp in [(1, 1), (2, 1), (1, 2)]:
+        back = megatron_to_hf(hf_to_megatron(hf, layout, tp, pp), layout)
+        assert back.keys() == hf.keys() and all(torch.equal(back[n], t) for n, t in hf.items()), (tp, pp)
+    model, _ = megatron_tp1(hf_dir)
+    assert_logits_match(model, Qwen3ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval())

@@ -12,7 +12,7 @@ MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
 class InitModelConfig:
     """A tiny Qwen2-layout (or Qwen MoE) model built locally (`dockrl init-model`)."""
 
-    architecture: Literal["qwen2", "qwen2_moe", "qwen3_moe"] = "qwen2"  # qwen2 (dense) | qwen2_moe (routed experts + a sigmoid-gated shared expert) | qwen3_moe (routed experts, q/k norm)
+    architecture: Literal["qwen2", "qwen3", "qwen2_moe", "qwen3_moe"] = "qwen2"  # qwen2 (dense, QKV bias) | qwen3 (dense, q/k norm, no bias) | qwen2_moe (routed experts + a sigmoid-gated shared expert) | qwen3_moe (routed experts, q/k norm)
     hidden_size: int = 128  # model width
     num_layers: int = 2  # transformer layers
     num_attention_heads: int = 4  # query heads (hidden_size / heads must be a vLLM CPU head_dim)

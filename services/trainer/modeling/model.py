@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+QK_NORM_ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")  # RMSNorm on each head's query and key
 MOE_ARCHITECTURES = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
@@ -79,11 +80,11 @@ class ModelLayout:
             rms_norm_eps=cfg["rms_norm_eps"],
             rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta", 10000.0)),
             max_position_embeddings=cfg["max_position_embeddings"],
-            # Qwen2 always has q/k/v biases, Qwen2-MoE unless qkv_bias is false; Llama and Qwen3-MoE only with attention_bias.
+            # Qwen2 always has q/k/v biases, Qwen2-MoE unless qkv_bias is false; Llama and Qwen3 only with attention_bias.
             qkv_bias=(arch == "Qwen2ForCausalLM" or (arch == "Qwen2MoeForCausalLM" and cfg.get("qkv_bias", True))
                       or bool(cfg.get("attention_bias", False))),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qk_layernorm=arch == "Qwen3MoeForCausalLM",
+            qk_layernorm=arch in QK_NORM_ARCHITECTURES,
             **moe,
         )
 
