@@ -10,7 +10,7 @@ The isolation (docs/sandbox.md says why each part is there):
   namespace's init process (/proc/1/environ).
 - A server running as root starts bubblewrap as an unused host uid (`uid_base` + the worker's slot):
   the kernel exempts root from RLIMIT_NPROC, and the program's processes are then nobody's but its own.
-- rlimits set before bubblewrap starts and inherited by everything inside: RLIMIT_AS (memory), RLIMIT_CPU,
+- rlimits set by prlimit (util-linux) before bubblewrap starts and inherited by everything inside: RLIMIT_AS (memory), RLIMIT_CPU,
   RLIMIT_NPROC (processes, per uid), RLIMIT_FSIZE (file size), RLIMIT_CORE 0 (no core files).
 - This process enforces the wall-clock limit and the output cap: past either it SIGKILLs bubblewrap,
   whose namespace init then dies (`--die-with-parent`) and the kernel ends every process of the namespace.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import enum
 import math
 import os
-import resource
 import selectors
 import signal
 import subprocess
@@ -29,9 +28,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 BWRAP = "bwrap"
+PRLIMIT = "prlimit"  # util-linux
+SETPRIV = "setpriv"  # util-linux
 CODE_PATH = "/code/main.py"  # where the program's source appears inside the sandbox (read-only)
 SANDBOX_UID = 65534  # the uid the program sees inside its user namespace (nobody)
-BWRAP_PROCESSES = 2  # bubblewrap's monitor and the namespace's init count against the uid's process limit
+BWRAP_PROCESSES = 2  # bubblewrap's monitor (prlimit execs it in place) and the namespace's init count against the uid's process limit
 # Memory errors as Python and C programs report them when RLIMIT_AS refuses an allocation.
 MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
 PROCESS_MARKERS = (b"BlockingIOError", b"Resource temporarily unavailable", b"can't start new thread")
@@ -95,13 +96,12 @@ class SandboxRunner:
         try:
             os.write(code_fd, source)
             os.lseek(code_fd, 0, os.SEEK_SET)
-            argv = self._argv(code_fd, limits)
+            argv = self._argv(code_fd, limits, slot)
             started = time.monotonic()
             try:
                 proc = subprocess.Popen(
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, pass_fds=(code_fd,),
-                    start_new_session=True, preexec_fn=_rlimits(limits), close_fds=True,
-                    **({"user": self._uid_base + slot, "group": self._uid_base + slot, "extra_groups": []} if self._as_root else {}),
+                    start_new_session=True, close_fds=True,
                 )
             except OSError as exc:
                 return Execution(Status.SANDBOX_ERROR, f"cannot start {self._bwrap}: {exc}", -1, b"", b"", False, False, 0.0)
@@ -109,9 +109,12 @@ class SandboxRunner:
             os.close(code_fd)
         return _supervise(proc, stdin, limits, started)
 
-    def _argv(self, code_fd: int, limits: Limits) -> list[str]:
+    def _argv(self, code_fd: int, limits: Limits, slot: int) -> list[str]:
+        # setpriv, not Popen's user=: CPython may vfork, and a setuid in a vfork child of a threaded server crashes it
+        uid = str(self._uid_base + slot)
+        become = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if self._as_root else []
         return [
-            self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+            *become, *_rlimits(limits), self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             *self._mounts,
@@ -137,20 +140,15 @@ def _root_mounts() -> list[str]:
     return mounts
 
 
-def _rlimits(limits: Limits):
-    """The preexec function that sets the limits in the child before bubblewrap runs (inherited by all inside)."""
+def _rlimits(limits: Limits) -> list[str]:
+    """prlimit's command line that sets the limits and then runs bubblewrap, which everything inside inherits. (util-linux's
+    prlimit rather than a preexec function: a fork of the threaded gRPC server may not run Python before exec.)"""
     memory = limits.memory_mb * 1024 * 1024
     cpu = math.ceil(limits.wall_s)
     nproc = limits.processes + BWRAP_PROCESSES
     fsize = limits.file_size_mb * 1024 * 1024
-
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL one second later
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
+    # CPU: SIGXCPU at the soft limit, SIGKILL one second later
+    return [PRLIMIT, f"--as={memory}", f"--cpu={cpu}:{cpu + 1}", f"--nproc={nproc}", f"--fsize={fsize}", "--core=0", "--"]
 
 
 def _supervise(proc: subprocess.Popen, stdin: bytes, limits: Limits, started: float) -> Execution:
@@ -242,7 +240,9 @@ def _from_exit(returncode: int, stderr: bytes, limits: Limits) -> tuple[Status, 
     """The status of a program that ended by itself: bubblewrap exits with the program's status, 128 + N for signal N."""
     if returncode == 0:
         return Status.OK, "exit status 0", 0
-    if returncode == 1 and stderr.startswith(b"bwrap:"):
+    if returncode < 0:  # the sandbox's own process died before it could report the program's status
+        return Status.SANDBOX_ERROR, f"the sandbox process ended by {signal.Signals(-returncode).name}", returncode
+    if returncode == 1 and stderr.startswith((b"bwrap:", b"setpriv:", b"prlimit:")):
         return Status.SANDBOX_ERROR, stderr.decode(errors="replace").strip(), returncode
     tail = stderr[-4096:]
     if returncode > 128:
