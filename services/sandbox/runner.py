@@ -17,7 +17,9 @@ The isolation (docs/sandbox.md says why each part is there):
 """
 from __future__ import annotations
 
+import ctypes
 import enum
+import json
 import math
 import os
 import selectors
@@ -37,6 +39,7 @@ BWRAP_PROCESSES = 2  # bubblewrap's monitor (prlimit execs it in place) and the 
 MEMORY_MARKERS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc")
 PROCESS_MARKERS = (b"BlockingIOError", b"Resource temporarily unavailable", b"can't start new thread")
 READ_CHUNK = 65536
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 class Status(str, enum.Enum):
@@ -87,45 +90,75 @@ class SandboxRunner:
         self._uid_base = uid_base
         self._as_root = os.geteuid() == 0
         self._mounts = _root_mounts() + [arg for path in ro_paths for arg in ("--ro-bind", path, path)]
+        _become_subreaper()
 
     def run(self, code: str | bytes, stdin: bytes, limits: Limits, slot: int = 0) -> Execution:
         """Runs `code` with the interpreter, `stdin` on its standard input, under `limits`; `slot` picks the host uid
         (each concurrent execution needs its own, so that the process limit of one is not shared with another)."""
         source = code.encode() if isinstance(code, str) else code
         code_fd = os.memfd_create("sandbox-code", os.MFD_CLOEXEC)
+        info_read, info_write = os.pipe()  # bubblewrap writes {"child-pid": N} here: the namespace's init on the host
         try:
             os.write(code_fd, source)
             os.lseek(code_fd, 0, os.SEEK_SET)
-            argv = self._argv(code_fd, limits, slot)
+            argv = self._argv(code_fd, info_write, limits, slot)
             started = time.monotonic()
             try:
                 proc = subprocess.Popen(
-                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={}, pass_fds=(code_fd,),
-                    start_new_session=True, close_fds=True,
+                    argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={},
+                    pass_fds=(code_fd, info_write), start_new_session=True, close_fds=True,
                 )
             except OSError as exc:
                 return Execution(Status.SANDBOX_ERROR, f"cannot start {self._bwrap}: {exc}", -1, b"", b"", False, False, 0.0)
+            finally:
+                os.close(code_fd)
+                os.close(info_write)
+            result = _supervise(proc, stdin, limits, started)
+            _reap_init(info_read)
+            return result
         finally:
-            os.close(code_fd)
-        return _supervise(proc, stdin, limits, started)
+            os.close(info_read)
 
-    def _argv(self, code_fd: int, limits: Limits, slot: int) -> list[str]:
+    def _argv(self, code_fd: int, info_fd: int, limits: Limits, slot: int) -> list[str]:
         # setpriv, not Popen's user=: CPython may vfork, and a setuid in a vfork child of a threaded server crashes it
         uid = str(self._uid_base + slot)
         become = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if self._as_root else []
         return [
             *become, *_rlimits(limits), self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
             "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--info-fd", str(info_fd),
             *self._mounts,
             "--proc", "/proc", "--dev", "/dev",
             "--size", str(limits.tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
             "--ro-bind-data", str(code_fd), CODE_PATH,
+            "--remount-ro", "/",  # the root bubblewrap builds is a tmpfs: without this, writable
             "--chdir", "/tmp",
-            *(["--cap-drop", "ALL"] if self._as_root else []),
             # -I: no PYTHON* variables, no user site, no script directory on sys.path; -B: no .pyc writes
             self.interpreter, "-I", "-B", CODE_PATH,
         ]
+
+
+def _become_subreaper() -> None:
+    """Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER). bubblewrap's monitor exits
+    without waiting for the namespace's init; orphaned, the init would stay a zombie of the host's pid 1 (never reaped
+    where the server is a container's pid 1), and a zombie still counts against its uid's process limit."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+
+
+def _reap_init(info_fd: int) -> None:
+    """Reaps the namespace's init, orphaned to this process once bubblewrap's monitor exited (it dies with it)."""
+    try:
+        info = json.loads(os.read(info_fd, 4096) or b"{}")
+    except ValueError:
+        return
+    pid = info.get("child-pid")
+    if pid:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # already reaped, or never ours
+            pass
 
 
 def _root_mounts() -> list[str]:
