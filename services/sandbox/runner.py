@@ -90,7 +90,6 @@ class SandboxRunner:
         self._uid_base = uid_base
         self._as_root = os.geteuid() == 0
         self._mounts = _root_mounts() + [arg for path in ro_paths for arg in ("--ro-bind", path, path)]
-        _become_subreaper()
 
     def run(self, code: str | bytes, stdin: bytes, limits: Limits, slot: int = 0) -> Execution:
         """Runs `code` with the interpreter, `stdin` on its standard input, under `limits`; `slot` picks the host uid
@@ -138,17 +137,19 @@ class SandboxRunner:
         ]
 
 
-def _become_subreaper() -> None:
-    """Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER). bubblewrap's monitor exits
-    without waiting for the namespace's init; orphaned, the init would stay a zombie of the host's pid 1 (never reaped
-    where the server is a container's pid 1), and a zombie still counts against its uid's process limit."""
+def become_subreaper() -> None:
+    """Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER), so that each run reaps its
+    namespace's init. bubblewrap's monitor exits without waiting for it; orphaned, the init would stay a zombie of the
+    host's pid 1 (never reaped where the server is a container's pid 1), and a zombie still counts against its uid's
+    process limit. For a server process only: every orphan below it becomes its child."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
 
 
 def _reap_init(info_fd: int) -> None:
-    """Reaps the namespace's init, orphaned to this process once bubblewrap's monitor exited (it dies with it)."""
+    """Reaps the namespace's init, orphaned to this process (a subreaper) once bubblewrap's monitor exited (it dies
+    with it); without `become_subreaper` it is not this process's child and the host's pid 1 reaps it."""
     try:
         info = json.loads(os.read(info_fd, 4096) or b"{}")
     except ValueError:

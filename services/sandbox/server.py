@@ -20,7 +20,7 @@ from services.common.grpc_serving import start_with_health
 from services.common.grpc_status import StatusInterceptor
 from services.common.log import log_event
 from services.common.pb import sandbox_pb2, sandbox_pb2_grpc
-from services.sandbox.runner import Execution, Limits, SandboxRunner, Status
+from services.sandbox.runner import Execution, Limits, SandboxRunner, Status, become_subreaper
 
 logger = logging.getLogger("dockrl.sandbox.server")
 
@@ -152,6 +152,7 @@ class SandboxServer:
 def start_server(cfg: Config, host: str, port: int, token: str = "", replica_index: int = 0) -> SandboxServer:
     """Starts Sandbox and health on host:port (0: a free port); with `token`, Execute and ExecuteBatch need it."""
     sb = cfg.sandbox
+    become_subreaper()
     runner = SandboxRunner(sb.interpreter, sb.ro_paths, sb.uid_base)
     pool = WorkerPool(runner, sb.workers, sb.queue, first_slot=replica_index * sb.workers)
     threads = sb.workers + sb.queue + SPARE_THREADS

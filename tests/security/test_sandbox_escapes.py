@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from listening import all_loopback, listening_addresses
 from sandbox_harness import LIMITS, sandbox_server
 
 from services.common.config import SandboxConfig
@@ -181,3 +182,9 @@ def test_a_program_that_closes_its_stdout_early(sandbox, fault_log):
     escape(sandbox, fault_log, "close its stdout, then go on and exit 0",
            code, "ok with the output written before the close and stderr after it",
            lambda r: r.status is ExecStatus.OK and r.stdout == b"before\n" and r.stderr == b"after")
+
+
+def test_sandbox_serve_listens_on_loopback_by_default(sandbox, fault_log):
+    addresses = listening_addresses(sandbox[0].pid)
+    fault_log.check("binding", "sandbox serve with no --host: its listening sockets", "127.0.0.1 only",
+                    ", ".join(f"{ip}:{port}" for ip, port in sorted(addresses)), all_loopback(addresses))
