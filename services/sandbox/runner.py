@@ -52,7 +52,9 @@ class Status(str, enum.Enum):
     PROCESS_LIMIT = "process_limit"  # a fork or thread refused by the process limit
     OUTPUT_LIMIT = "output_limit"  # more stdout or stderr than the cap: stopped
     KILLED = "killed"  # ended by a signal (other than the limits above)
-    SANDBOX_ERROR = "sandbox_error"  # the sandbox could not start the program (a server fault, not the program's)
+    # The sandbox could not start the program: a server fault, told by bubblewrap's (or setpriv's, prlimit's) own
+    # message and exit status 1. A program can print the same and exit 1, so a verifier scores this as a failure.
+    SANDBOX_ERROR = "sandbox_error"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ SPARE_THREADS = 2  # gRPC threads beyond the admitted programs: health checks an
 
 class WorkerPool:
     """`workers` threads that run programs, each with its own slot (so its own host uid), and admission of at most
-    `workers + queue` programs at once: more is ResourceExhausted, never an unbounded wait."""
+    `workers + queue` programs at once: more is ResourceExhausted, never an unbounded wait; a batch larger than that
+    could never run and is InvalidArgument."""
 
     def __init__(self, runner: SandboxRunner, workers: int, queue: int, first_slot: int = 0):
         self._runner = runner
@@ -46,6 +47,9 @@ class WorkerPool:
 
     def run(self, programs: list[tuple[str, bytes, Limits]]) -> list[Execution]:
         """Runs `programs` on the workers (all admitted or none) and returns their results in order."""
+        if len(programs) > self._capacity:  # would never fit: the request's fault, not the load's
+            raise InvalidArgument("items", f"{len(programs)} programs; at most sandbox.workers + sandbox.queue = {self._capacity} "
+                                           "run or wait at once on a replica")
         with self._lock:
             if self._admitted + len(programs) > self._capacity:
                 raise ResourceExhausted(

@@ -74,17 +74,19 @@ def test_a_bad_item_of_a_batch_is_named_by_its_index(server):
 
 
 def test_more_programs_than_workers_and_queue_are_refused_while_the_rest_run(server):
-    # 2 workers + 1 queued: a batch of 4 never fits; 3 single programs fit, a 4th beside them is refused
+    # 2 workers + 1 queued: a batch of 4 never fits (the request's fault); 3 single programs fit, a 4th beside them
+    # is refused until they end
     with SandboxClient(server) as client:
         with pytest.raises(grpc.RpcError) as exc:
             client.execute_batch([Program("print(1)")] * 4)
-        assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "sandbox.workers + sandbox.queue = 3" in exc.value.details()
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert exc.value.details().startswith("items: 4 programs; at most sandbox.workers + sandbox.queue = 3")
         with concurrent.futures.ThreadPoolExecutor(3) as threads:
             running = [threads.submit(client.execute, Program("import time\ntime.sleep(1)\nprint('slept')")) for _ in range(3)]
             time.sleep(0.5)
             with pytest.raises(grpc.RpcError) as exc:
                 client.execute(Program("print(1)"))
-            assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert exc.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "sandbox.workers + sandbox.queue = 3" in exc.value.details()
             assert [r.result().stdout for r in running] == [b"slept\n"] * 3
         assert client.execute(Program("print(1)")).stdout == b"1\n"
 
