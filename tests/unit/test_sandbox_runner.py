@@ -1,6 +1,9 @@
 """The sandbox runner on the real bubblewrap: a program's output and status, each limit's own status, and the
 sandbox config's refusals."""
+import concurrent.futures
+import os
 import shutil
+import time
 
 import pytest
 
@@ -72,3 +75,20 @@ def test_sandbox_config_refuses_defaults_above_their_maxima_and_relative_paths()
         "sandbox.ro_paths[0]: 'lib' must be an absolute path other than /, /proc, /dev and /tmp",
         "sandbox.ro_paths[1]: '/' must be an absolute path other than /, /proc, /dev and /tmp",
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root runner gives each slot its own host uid")
+def test_each_slot_has_its_own_process_limit(runner):
+    # Slot 2 holds 7 of its 10 processes (bubblewrap's 2, the program, 4 children) for a while; beside it a program
+    # forking in slot 3 runs, one in slot 2 reaches the limit. (Slots 2 and 3: this module's other tests use slot 0,
+    # whose namespaces this process, not a subreaper, does not wait to see torn down.)
+    hold = "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n        time.sleep(1.5)\n        os._exit(0)\ntime.sleep(1.5)"
+    fork = "import os\nfor _ in range(4):\n    if os.fork() == 0:\n        os._exit(0)\n    os.wait()\nprint('forked')"
+    with concurrent.futures.ThreadPoolExecutor(1) as background:
+        holding = background.submit(runner.run, hold, b"", LIMITS, 2)
+        time.sleep(0.7)
+        other_slot = runner.run(fork, b"", LIMITS, slot=3)
+        same_slot = runner.run(fork, b"", LIMITS, slot=2)
+        assert holding.result().status is Status.OK
+    assert other_slot.status is Status.OK and other_slot.stdout == b"forked\n"
+    assert same_slot.status is Status.PROCESS_LIMIT, (same_slot.reason, same_slot.stderr[-200:])
