@@ -194,6 +194,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
     _validate_sandbox(cfg, errors)
+    if "sandbox_fusion" in rl.verifier_function and not cfg.reward.sandbox_address:
+        errors.append("reward.sandbox_address: required with sandbox_fusion in rl_config.verifier_function (host:port of a "
+                      "sandbox replica, `dockrl sandbox serve`)")
 
 
 def _validate_sandbox(cfg: Config, errors: list[str]) -> None:
