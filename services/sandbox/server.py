@@ -6,7 +6,6 @@ import itertools
 import logging
 import math
 import threading
-import time
 from concurrent import futures
 from dataclasses import dataclass
 
