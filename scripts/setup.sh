@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes .venv with the CPU stack and the dev tools, and makes sure redis-server exists.
+# Makes .venv with the CPU stack and the dev tools, and makes sure redis-server and bubblewrap (the code sandbox's
+# isolation, docs/sandbox.md) exist.
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,15 @@ if ! command -v redis-server >/dev/null; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
     else
         echo "redis-server is missing and apt-get is not available: install Redis >= 6" >&2
+        exit 1
+    fi
+fi
+# The sandbox service runs programs under bwrap, with prlimit and setpriv (util-linux, in every Debian)
+if ! command -v bwrap >/dev/null; then
+    if command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap
+    else
+        echo "bwrap is missing and apt-get is not available: install bubblewrap >= 0.8 (for the sandbox service)" >&2
         exit 1
     fi
 fi

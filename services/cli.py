@@ -17,6 +17,7 @@ SERVICE_COMMANDS: dict[str, tuple[str, str]] = {
     "reward": ("services.reward.cli", "the reward server: rule verifiers and a reward model over gRPC, dock worker"),
     "trainer": ("services.trainer.cli", "the Megatron trainer: run the RL loop, convert checkpoints"),
     "dock": ("services.dock.cli", "look at or empty a run's data dock"),
+    "sandbox": ("services.sandbox.cli", "the code sandbox server: untrusted programs under bubblewrap over gRPC"),
 }
 
 

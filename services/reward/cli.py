@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     score.add_argument("--verifier", action="append", default=[], metavar="NAME",
                        help="a verifier to apply (repeatable; default: rl_config.verifier_function); "
                             "names: format, strict_format, base_acc, acc, math_17k_acc, acc_for_ppo, math_verify, math_verify_reward, "
-                            "acc_for_dapo, step, "
+                            "acc_for_dapo, step, sandbox_fusion (reward.sandbox_address), "
                             "and reward_model (the config's reward_config.load)")
     score.add_argument("--weight", action="append", type=float, default=[], metavar="W",
                        help="weight of the matching --verifier (repeatable; default 1.0 each)")
@@ -95,10 +95,11 @@ def _score(cfg, args: argparse.Namespace) -> int:
                 print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
                 return 2 if exc.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
     else:
+        from services.reward.code_tests import code_sandbox
         from services.reward.server import reward_model
 
         plan = ScoringPlan.create(verifiers, weights, ScoringPlan.from_rl_config(cfg.rl_config).overlong)
-        with VerifierPool(1, cfg.rl_config.verifier_timeout) as pool, reward_model(cfg, plan.uses_model) as model:
+        with VerifierPool(1, cfg.rl_config.verifier_timeout, code_sandbox(cfg)) as pool, reward_model(cfg, plan.uses_model) as model:
             (result,) = score_samples([sample], plan, pool, model)
     print(f"extracted answer: {extract_answer(response)!r}   Minerva 'Answer:' line: {minerva_answer(response)!r}")
     for weight, part in zip(weights, result.parts):

@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 from services.common.log import log_event
 from services.common.metrics import counter
+from services.reward.code_tests import CodeSandbox
+from services.reward.code_tests import configure as configure_code
 from services.reward.verifiers import REGISTRY, run_verifier
 
 logger = logging.getLogger("dockrl.reward.pool")
@@ -64,7 +66,10 @@ class VerifierRunner(Protocol):
 
 
 class InProcessRunner:
-    """Runs verifiers in the calling thread: no isolation, no deadline."""
+    """Runs verifiers in the calling thread: no isolation, no deadline; `code`: the code verifier's sandbox."""
+
+    def __init__(self, code: CodeSandbox | None = None):
+        configure_code(code)
 
     def run(self, tasks: Sequence[VerifyTask]) -> list[list[VerifierOutcome]]:
         """Outcomes per task, one per verifier, in the order given."""
@@ -80,10 +85,11 @@ _PIPELINE_DEPTH = 2  # samples queued on a worker, so it never waits for the par
 _SEQ, _PART, _STARTED, _SCORES = 0, 1, 2, 3
 
 
-def _worker_main(conn: Connection, board) -> None:
+def _worker_main(conn: Connection, board, code: CodeSandbox | None) -> None:
     """A worker's loop: say ready, then score each message's verifiers in turn, posting progress on
     `board`, and answer all of a message's scores at once."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which then kills us
+    configure_code(code)
     conn.send(_READY)
     while True:
         try:
@@ -129,12 +135,14 @@ class _Lease:
 
 
 class VerifierPool:
-    """`parallel` worker processes; each verifier call on a sample gets `timeout_s` seconds."""
+    """`parallel` worker processes; each verifier call on a sample gets `timeout_s` seconds; `code`: the sandbox the
+    code verifier calls."""
 
-    def __init__(self, parallel: int, timeout_s: float):
+    def __init__(self, parallel: int, timeout_s: float, code: CodeSandbox | None = None):
         if parallel < 1 or timeout_s <= 0:
             raise ValueError(f"VerifierPool needs parallel >= 1 and timeout_s > 0, got {parallel}, {timeout_s}")
         self.timeout_s = timeout_s
+        self._code = code
         # forkserver: forking a process that runs gRPC threads is unsafe; the preloaded server
         # forks workers with math-verify and sympy imported and warm, so a replacement starts fast.
         self._ctx = multiprocessing.get_context("forkserver")
@@ -152,7 +160,7 @@ class VerifierPool:
     def _start_worker(self) -> _Worker:
         parent, child = self._ctx.Pipe(duplex=True)
         board = self._ctx.RawArray("d", _SCORES + _MAX_PARTS)
-        process = self._ctx.Process(target=_worker_main, args=(child, board), daemon=True, name="reward-verifier")
+        process = self._ctx.Process(target=_worker_main, args=(child, board, self._code), daemon=True, name="reward-verifier")
         process.start()
         child.close()
         try:

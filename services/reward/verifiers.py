@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
+from services.reward.code_tests import score_sandbox_fusion
 from services.reward.math_answer import (
     answers_equivalent,
     extract_answer,
@@ -150,6 +151,9 @@ _VERIFIERS = (
         _acc_for_dapo,
     ),
     Verifier("step", "step-by-step markers (Step n:, 1., bullets, First/Next/Finally): min(1, count/3)", 0.0, _step),
+    Verifier("sandbox_fusion", "the last code block run on the label's APPS/TACO stdin/stdout tests in the sandbox service "
+             "(reward.sandbox_address): 1 if every test passes, else 0; reward.code_continuous: the fraction of the "
+             "first 10 passed (verl's continuous)", 0.0, score_sandbox_fusion),
 )
 
 REGISTRY: dict[str, Verifier] = {v.name: v for v in _VERIFIERS}

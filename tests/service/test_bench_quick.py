@@ -32,6 +32,8 @@ EXPECTED = {
                       for rounds in ("", ", 2 admission rounds live")],
     "bench_partial_rollout.py": ["iteration time max_split 4 / max_split 1"],
     "bench_reward.py": ["reward service / in-process verifiers samples/s"],
+    "bench_sandbox.py": ["sandbox service / bare subprocess time per execution, 1 in flight",
+                         "sandbox service / bare subprocess executions/s at 4 in flight"],
     "bench_e2e.py": ["trainer waiting on rollout / iteration time", "dock time / iteration time",
                      *(f"dockrl / single-process reference ({engine}) iteration time"
                        for engine in ("HF generate", "vLLM offline generate"))],

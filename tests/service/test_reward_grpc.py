@@ -63,6 +63,16 @@ def test_health_reports_serving(stub):
         assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_the_code_verifier_is_refused_and_unlisted_without_a_sandbox(stub):
+    assert "sandbox_fusion" not in {v.name for v in stub[0].ListVerifiers(reward_pb2.ListVerifiersRequest()).verifiers}
+    with pytest.raises(grpc.RpcError) as exc:
+        stub[0].Score(reward_pb2.ScoreRequest(items=[reward_pb2.ScoreItem(response="```\nprint(1)\n```", label="{}")],
+                                              verifier_function=["sandbox_fusion"]), timeout=30)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.details() == ("verifier_function: sandbox_fusion runs programs in the sandbox service and this server has "
+                                   "none (reward.sandbox_address is empty)")
+
+
 def test_list_verifiers(stub):
     infos = {v.name: v for v in stub[0].ListVerifiers(reward_pb2.ListVerifiersRequest()).verifiers}
     assert set(infos) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "math_verify_reward", "acc_for_dapo", "acc_for_ppo",

@@ -1,5 +1,5 @@
-"""The import rule is the architecture: services/common <- services/dock <- each of rollout, reward and
-trainer. Services never import each other; they meet only through proto/ contracts and the dock.
+"""The import rule is the architecture: services/common <- services/dock <- each of rollout, reward,
+trainer and sandbox. Services never import each other; they meet only through proto/ contracts and the dock.
 `launch` (dockrl up) starts them as processes and imports none of them."""
 import ast
 import pathlib
@@ -13,6 +13,7 @@ ALLOWED = {
     "rollout": {"common", "dock", "rollout"},
     "reward": {"common", "dock", "reward"},
     "trainer": {"common", "dock", "trainer"},
+    "sandbox": {"common", "dock", "sandbox"},
     "launch": {"common", "dock", "launch", "cli"},
 }
 

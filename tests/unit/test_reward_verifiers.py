@@ -16,7 +16,7 @@ def score(name: str, response: str, label: str) -> float:
 
 def test_registry_has_mindspeed_names_and_the_configs_list_is_the_same():
     assert set(REGISTRY) == {"format", "strict_format", "base_acc", "acc", "math_17k_acc", "math_verify", "acc_for_dapo",
-                             "acc_for_ppo", "math_verify_reward", "step"}
+                             "acc_for_ppo", "math_verify_reward", "step", "sandbox_fusion"}  # the last: verl's code verifier
     assert set(RULE_VERIFIERS) == set(REGISTRY)  # what `dockrl config check` accepts in rl_config.verifier_function
 
 
@@ -172,9 +172,9 @@ def test_acc_for_dapo_minerva_answer_line():
 
 # What each verifier gives an answer-less response, and a 100k-character one ending in the right box.
 NO_ANSWER = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": -1.0, "math_17k_acc": 0.0, "acc_for_ppo": 0.0,
-             "math_verify": 0.0, "math_verify_reward": 0.0, "acc_for_dapo": -1.0, "step": 0.0}
+             "math_verify": 0.0, "math_verify_reward": 0.0, "acc_for_dapo": -1.0, "step": 0.0, "sandbox_fusion": 0.0}
 LONG_BOXED = {"format": 0.0, "strict_format": -0.5, "base_acc": 0.0, "acc": 1.0, "math_17k_acc": 1.0, "acc_for_ppo": 1.0,
-              "math_verify": 1.0, "math_verify_reward": 0.0, "acc_for_dapo": -1.0, "step": 0.0}
+              "math_verify": 1.0, "math_verify_reward": 0.0, "acc_for_dapo": -1.0, "step": 0.0, "sandbox_fusion": 0.0}
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))

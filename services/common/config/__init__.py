@@ -2,7 +2,7 @@
 
 Sections and keys follow MindSpeed-RL (`megatron_training`, `rl_config`, `generate_config` with
 `sampling_config`), plus the service sections of dockrl (`rollout`, `reward`, `trainer`, `dock`,
-`auth`, `init_model`). Every error is collected and reported at once with the key's full path,
+`sandbox`, `auth`, `init_model`). Every error is collected and reported at once with the key's full path,
 the bad value and what would be accepted.
 
 The package's modules, one job each (import the names from here):
@@ -11,6 +11,7 @@ The package's modules, one job each (import the names from here):
   algorithm  rl_config (with actor_resource), and the loss modes and verifiers its keys accept
   training   megatron_training and trainer
   reward     reward and reward_config
+  sandbox    sandbox (the code sandbox service)
   dock       dock and auth
   model      init_model and arithmetic
   profiler   profiler_config, and where each role's traces go
@@ -30,6 +31,7 @@ from services.common.config.model import MOE_ARCHITECTURES, ArithmeticConfig, In
 from services.common.config.profiler import ProfilerConfig, ProfilerRoles, process_trace_dir, profiler_trace_root
 from services.common.config.reward import RewardModelConfig, RewardServiceConfig
 from services.common.config.rollout import GenerateConfig, MultiTurnConfig, RolloutServiceConfig, SamplingConfig
+from services.common.config.sandbox import SandboxConfig
 from services.common.config.root import Config, ConfigError, exit_status
 from services.common.config.training import MegatronTrainingConfig, TrainerServiceConfig
 
@@ -38,7 +40,7 @@ __all__ = [
     "ENV_PREFIX", "GenerateConfig", "InitModelConfig", "LOSS_AGG_MODES", "MOE_ARCHITECTURES", "MegatronTrainingConfig",
     "MultiTurnConfig", "ProfilerConfig", "ProfilerRoles", "REPO_ROOT", "REWARD_MODEL", "RLConfig", "RULE_VERIFIERS",
     "RewardModelConfig",
-    "RewardServiceConfig", "RolloutServiceConfig", "SamplingConfig", "TrainerServiceConfig", "config_from_dict",
+    "RewardServiceConfig", "RolloutServiceConfig", "SamplingConfig", "SandboxConfig", "TrainerServiceConfig", "config_from_dict",
     "config_from_translation", "config_to_dict", "env_overrides", "exit_status", "load_config", "parse_dataclass",
     "process_trace_dir", "profiler_trace_root", "read_config_file",
 ]

@@ -91,5 +91,5 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")  # 
 # rl_config.verifier_function's names: the reward service's rule verifiers (services/reward/verifiers.py, whose
 # registry a test keeps equal to this) and REWARD_MODEL, reward_config's model
 RULE_VERIFIERS = ("format", "strict_format", "base_acc", "acc", "math_17k_acc", "acc_for_ppo", "math_verify",
-                  "math_verify_reward", "acc_for_dapo", "step")
+                  "math_verify_reward", "acc_for_dapo", "step", "sandbox_fusion")
 REWARD_MODEL = "reward_model"

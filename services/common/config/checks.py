@@ -193,6 +193,23 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     for path, value in (("dock.prefix", cfg.dock.prefix), ("dock.run_id", cfg.dock.run_id), ("dock.rollout_consumer", cfg.dock.rollout_consumer)):
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
+    _validate_sandbox(cfg, errors)
+    if "sandbox_fusion" in rl.verifier_function and not cfg.reward.sandbox_address:
+        errors.append("reward.sandbox_address: required with sandbox_fusion in rl_config.verifier_function (host:port of a "
+                      "sandbox replica, `dockrl sandbox serve`)")
+
+
+def _validate_sandbox(cfg: Config, errors: list[str]) -> None:
+    """sandbox: each default within its max_* key, and paths the sandbox can bind (absolute)."""
+    sb = cfg.sandbox
+    for key in ("wall_s", "memory_mb", "output_bytes"):
+        if getattr(sb, key) > getattr(sb, f"max_{key}"):
+            errors.append(f"sandbox.{key}: {getattr(sb, key)} is above sandbox.max_{key} {getattr(sb, f'max_{key}')}")
+    if not sb.interpreter.startswith("/"):
+        errors.append(f"sandbox.interpreter: {sb.interpreter!r} must be an absolute path (the sandbox has no PATH search of the host)")
+    for i, path in enumerate(sb.ro_paths):
+        if not path.startswith("/") or path.rstrip("/") in ("", "/proc", "/dev", "/tmp"):
+            errors.append(f"sandbox.ro_paths[{i}]: {path!r} must be an absolute path other than /, /proc, /dev and /tmp")
 
 
 # ---------------------------------------------------------------- rollout: multi-turn episodes

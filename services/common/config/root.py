@@ -12,6 +12,7 @@ from services.common.config.model import ArithmeticConfig, InitModelConfig
 from services.common.config.profiler import ProfilerRoles
 from services.common.config.reward import RewardModelConfig, RewardServiceConfig
 from services.common.config.rollout import GenerateConfig, RolloutServiceConfig
+from services.common.config.sandbox import SandboxConfig
 from services.common.config.training import MegatronTrainingConfig, TrainerServiceConfig
 from services.common.config.types import config_section
 
@@ -46,6 +47,7 @@ class Config:
     reward_config: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerServiceConfig = field(default_factory=TrainerServiceConfig)
     dock: DockConfig = field(default_factory=DockConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     profiler_config: ProfilerRoles = field(default_factory=ProfilerRoles)
     init_model: InitModelConfig | None = None
