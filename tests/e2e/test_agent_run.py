@@ -29,7 +29,7 @@ def test_the_agent_demo_learns_to_call_the_calculator(tmp_path):
     prepare_run(cfg)
     warm = json.loads((tmp_path / "model/warm_start.json").read_text())
     # The warm start's habit: greedy answers at once, sampling calls now and then, and a call mostly ends right.
-    assert warm["greedy_calls"] < 0.5 and 0.05 < warm["call_probability"] < 0.5, warm
+    assert warm["greedy_calls"] < 0.5 and 0.05 < warm["call_probability"] < 0.5 and warm["call_answered"] >= 0.6, warm
 
     argv = [sys.executable, "-m", "services", "up", str(CONFIG), *[f"--set={p}" for p in paths],
             f"--set=megatron_training.train_iters={iters}", "--set=dock.run_id=agent-e2e",
@@ -43,7 +43,8 @@ def test_the_agent_demo_learns_to_call_the_calculator(tmp_path):
     rewards = [r["reward/mean"] for r in records]
     quarter = iters // 4  # 128 episodes a step: a quarter of the run averages out the sampling noise
     assert statistics.fmean(calls[-quarter:]) > statistics.fmean(calls[:quarter]) + 0.1, calls
-    assert statistics.fmean(rewards[-quarter:]) > statistics.fmean(rewards[:quarter]) + 0.1, rewards
+    # this shorter warm start copies less surely when sampled: one run's reward went 0.02 -> 0.17 (the demo's 0.31 -> 0.73)
+    assert statistics.fmean(rewards[-quarter:]) > statistics.fmean(rewards[:quarter]) + 0.05, rewards
     # Each trajectory's loss mask leaves the calculator's responses out: fewer model tokens than tokens.
     for r in records:
         assert r["agent/model_tokens_mean"] < r["agent/episode_length_mean"], r
