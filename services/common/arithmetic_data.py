@@ -42,8 +42,8 @@ def arithmetic_problems(spec: ArithmeticConfig) -> ArithmeticSplits:
     problems = [
         {"problem": f"{a}{op}{b}=", "answer": str(_answer(a, op, b))}
         for op in spec.ops
-        for a in range(spec.max_operand + 1)
-        for b in range(spec.max_operand + 1)
+        for a in range(spec.min_operand, spec.max_operand + 1)
+        for b in range(spec.min_operand, spec.max_operand + 1)
     ]
     random.Random(spec.seed).shuffle(problems)
     n_test = max(1, round(len(problems) * spec.test_fraction))

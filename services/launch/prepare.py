@@ -52,15 +52,19 @@ def prepare_run(cfg: Config) -> list[str]:
     marker = model_dir / "warm_start.json"
     if cfg.init_model is not None and cfg.init_model.warm_start_accuracy > 0 and not marker.exists():
         from services.common.arithmetic_data import arithmetic_problems
-        from services.common.warm_start import WarmStartSpec, warm_start
+        from services.common.warm_start import ToolTeacher, WarmStartSpec, warm_start
 
         if cfg.arithmetic is None:
             raise ValueError("init_model.warm_start_accuracy: the warm start needs an arithmetic section for its data")
-        start = time.monotonic()
-        spec = WarmStartSpec(target_accuracy=cfg.init_model.warm_start_accuracy, boxed_fraction=cfg.init_model.warm_start_boxed_fraction,
-                             max_steps=cfg.init_model.warm_start_max_steps, seed=cfg.init_model.seed)
+        start, init, mtc = time.monotonic(), cfg.init_model, cfg.rollout.multi_turn
+        tool = ToolTeacher(init.warm_start_tool_share, mtc.tool_call_start, mtc.tool_call_end, mtc.tag_body) if init.warm_start_tool_share else None
+        # a tool teacher's probe decodes whole episodes: probed less often, as each probe costs more
+        spec = WarmStartSpec(target_accuracy=init.warm_start_accuracy, boxed_fraction=init.warm_start_boxed_fraction,
+                             max_steps=init.warm_start_max_steps, seed=init.seed, tool=tool, eval_every=100 if tool else 25)
         result = warm_start(model_dir, arithmetic_problems(cfg.arithmetic).all, spec)
         marker.write_text(json.dumps({**result.__dict__, "seconds": round(time.monotonic() - start, 1)}))
+        calls = (f"; greedy calls {result.greedy_calls:.0%}, sampled call probability {result.call_probability:.0%}, "
+                 f"episodes made to call right {result.call_answered:.0%}") if tool else ""
         done.append(f"warm-started in {time.monotonic() - start:.0f} s: greedy answers right {result.answered:.0%}, "
-                    f"boxed {result.boxed:.0%}, right and boxed {result.scored:.0%}")
+                    f"boxed {result.boxed:.0%}, right and boxed {result.scored:.0%}{calls}")
     return done

@@ -8,7 +8,7 @@ from services.rollout.agent.environment import (StepResult, Task, UnknownEnviron
                                                 register_environment)
 from services.rollout.agent.tool_calls import TagParser
 from services.rollout.agent.tool_environment import ToolEnvironment, make_tool_environment
-from services.rollout.agent.tools import CALCULATOR, Tool
+from services.rollout.agent.tools import CALCULATOR, TOOLS, Tool
 
 
 async def _raises(arguments):
@@ -107,3 +107,21 @@ def test_a_prompt_that_opens_a_call_has_the_first_turn_finish_it():
     assert _step(env, "oops").info == {"tool_calls": 1, "malformed_call": 1}
     asyncio.run(env.reset(Task('<tool_call>{"name": "calculator", "arguments": {}}</tool_call> closed', "")))
     assert _step(env, "The answer.").done
+
+
+def test_a_bare_tag_body_is_the_one_tools_argument():
+    # rollout.multi_turn.tag_body argument: <c>12*34</c> calls the calculator on 12*34 (the tiny agent demo's form).
+    env = make_tool_environment(MultiTurnConfig(environment="tools", tool_call_start="<c>", tool_call_end="</c>",
+                                                tag_body="argument"), tokenizer=None)
+    assert _step(env, "<c>12*34</c>") == StepResult("\n<tool_response>408</tool_response>\n", 0.0, False, {"tool_calls": 1})
+    result = _step(env, "<c>12*x</c>")  # a body the tool refuses is its error, counted as such
+    assert result.observation.startswith("\n<tool_response>error: calculator: ") and result.info == {"tool_calls": 1, "tool_error": 1}
+    assert _step(env, r"\boxed{408}").done
+
+
+def test_a_bare_tag_body_needs_a_tool_with_one_required_argument(monkeypatch):
+    two = Tool("two", "two required", {"type": "object", "required": ["a", "b"]}, _raises)
+    monkeypatch.setitem(TOOLS, "two", two)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.tag_body: 'argument' needs a tool with one required "
+                                         r"argument; two requires \['a', 'b'\]"):
+        make_tool_environment(MultiTurnConfig(environment="tools", tools=("two",), tag_body="argument"), tokenizer=None)

@@ -177,6 +177,10 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         )
     if cfg.init_model is not None:
         _validate_init_model_moe(cfg.init_model, errors)
+        _validate_tool_warm_start(cfg, errors)
+    if cfg.arithmetic is not None and cfg.arithmetic.min_operand > cfg.arithmetic.max_operand:
+        errors.append(f"arithmetic.min_operand: {cfg.arithmetic.min_operand} > max_operand {cfg.arithmetic.max_operand}; "
+                      "no problem has operands in that range")
     if cfg.reward_config.model_replicas > 0:
         if "reward_model" not in rl.verifier_function:
             errors.append(f"reward_config.model_replicas: {cfg.reward_config.model_replicas} reward-model replicas would have "
@@ -228,9 +232,26 @@ def _validate_multi_turn(cfg: Config, errors: list[str]) -> None:
     if mtc.format == "tag" and (not mtc.tool_call_start or not mtc.tool_call_end or mtc.tool_call_start == mtc.tool_call_end):
         errors.append(f"rollout.multi_turn.tool_call_start: the tag format needs two different non-empty tags, got "
                       f"{mtc.tool_call_start!r} and tool_call_end {mtc.tool_call_end!r}")
+    if mtc.tag_body == "argument" and (mtc.format != "tag" or len(mtc.tools) != 1):
+        errors.append(f"rollout.multi_turn.tag_body: 'argument' names no tool, so it needs format 'tag' and exactly one tool "
+                      f"(got format {mtc.format!r}, tools {list(mtc.tools)}); use tag_body 'json' or list one tool")
     if mtc.max_tokens_per_turn > budget:
         errors.append(f"rollout.multi_turn.max_tokens_per_turn: {mtc.max_tokens_per_turn} > generate_config.sampling_config."
                       f"max_tokens {budget}, the whole episode's budget; lower it (or 0: the rest of the budget)")
+
+
+def _validate_tool_warm_start(cfg: Config, errors: list[str]) -> None:
+    """init_model.warm_start_tool_share: its episodes are written as the rollout will run them, so it needs the tools
+    environment in the tag format with the calculator, and an arithmetic section (its problems)."""
+    share, mtc = cfg.init_model.warm_start_tool_share, cfg.rollout.multi_turn
+    if not share:
+        return
+    if mtc.environment != "tools" or mtc.format != "tag" or "calculator" not in mtc.tools:
+        errors.append(f"init_model.warm_start_tool_share: {share} needs rollout.multi_turn.environment 'tools' with format "
+                      f"'tag' and 'calculator' among its tools (got environment {mtc.environment!r}, format {mtc.format!r}, "
+                      f"tools {list(mtc.tools)}); set 0 or configure that environment")
+    if cfg.arithmetic is None:
+        errors.append(f"init_model.warm_start_tool_share: {share} needs an arithmetic section (its problems); add one or set 0")
 
 
 # ---------------------------------------------------------------- trainer: megatron_training's parallel layout

@@ -26,9 +26,10 @@ class InitModelConfig:
     tie_word_embeddings: bool = False  # share input embedding and output layer
     seed: int = 0  # random seed
     prompt_type: str = "empty"  # chat template stored with the tokenizer
-    warm_start_accuracy: Share = 0.0  # SFT until this share of greedy answers is right, boxed or not; 0 skips the warm start
+    warm_start_accuracy: Share = 0.0  # SFT until this share of greedy answers is right, boxed or not (with warm_start_tool_share: of episodes made to call the tool, right and boxed); 0 skips the warm start
     warm_start_max_steps: int = 2000  # SFT step limit
     warm_start_boxed_fraction: Share = 1.0  # share of SFT targets written as `\\boxed{answer}`; the rest give the bare answer
+    warm_start_tool_share: Share = 0.0  # share of SFT targets that are a whole episode calling the calculator (rollout.multi_turn's tag format: the call, the tool's response masked out, the boxed answer); needs the "tools" environment
     reward_fit_steps: NonNegativeInt = 20  # fit steps of the tiny reward model `prepare` builds where reward_config.load holds none (0: random head)
 
 
@@ -37,7 +38,8 @@ class ArithmeticConfig:
     """The generated arithmetic dataset of the demo (`a op b=` -> `\\boxed{answer}`)."""
 
     out_dir: str = "runs/data"  # raw train.jsonl / test.jsonl land here
-    max_operand: int = 9  # operands in [0, max_operand]
+    min_operand: NonNegativeInt = 0  # operands in [min_operand, max_operand] (10: two-digit operands with max_operand 99)
+    max_operand: int = 9  # operands in [min_operand, max_operand]
     ops: tuple[str, ...] = ("+",)  # operators: + - *
     test_fraction: Share = 0.2  # share of problems held out from RL (the warm start sees every problem)
     seed: int = 0  # shuffle seed

@@ -57,6 +57,7 @@ class MultiTurnConfig:
     format: Literal["tag", "hermes"] = "tag"  # how tool calls are read from a turn: tag (tool_call_start/end around JSON, for models without tool tokens) or hermes (vLLM's hermes parser, Qwen and Hermes chat models, whose observations are ChatML turns)
     tool_call_start: str = "<tool_call>"  # format tag: the text opening a call {"name": ..., "arguments": {...}}
     tool_call_end: str = "</tool_call>"  # format tag: the text closing a call; a turn stops there (the model reads the response next)
+    tag_body: Literal["json", "argument"] = "json"  # format tag: what a call holds between its tags: json ({"name": ..., "arguments": {...}}) or argument (the value of the one required argument of the one tool listed, e.g. <c>12*34</c> for the calculator: fewer tokens for a small model to write)
     tools: tuple[str, ...] = ("calculator",)  # the tools the environment offers, by name
     max_assistant_turns: PositiveInt = 5  # model turns per episode; an episode still calling tools after the last ends with finish reason length
     max_tokens_per_turn: NonNegativeInt = 0  # tokens one model turn may generate; 0: the rest of the episode's budget

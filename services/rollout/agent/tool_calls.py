@@ -59,10 +59,12 @@ def open_call(text: str, start: str, end: str) -> str:
 
 
 class TagParser:
-    """Calls between `start` and `end` tags; an opened tag never closed is a malformed call."""
+    """Calls between `start` and `end` tags; an opened tag never closed is a malformed call. A call's body is JSON
+    `{"name": ..., "arguments": {...}}`, or with `argument` = (tool, argument name) the value of that one argument
+    (rollout.multi_turn.tag_body argument: `<c>12*34</c>` calls the calculator on 12*34)."""
 
-    def __init__(self, start: str, end: str):
-        self.start, self.end = start, end
+    def __init__(self, start: str, end: str, argument: tuple[str, str] | None = None):
+        self.start, self.end, self.argument = start, end, argument
 
     def parse(self, text: str) -> ParsedTurn:
         """The calls written in `text`."""
@@ -74,7 +76,8 @@ class TagParser:
             if close < 0:
                 errors.append(f"{self.start} is not closed by {self.end}")
                 break
-            call = read_call(text[body:close].strip())
+            payload = text[body:close].strip()
+            call = ToolCall(self.argument[0], {self.argument[1]: payload}) if self.argument else read_call(payload)
             (calls if isinstance(call, ToolCall) else errors).append(call)
             at = text.find(self.start, close + len(self.end))
         return ParsedTurn(tuple(calls), tuple(errors))
@@ -106,6 +109,7 @@ class HermesParser:
         return ParsedTurn(tuple(calls), tuple(errors))
 
 
-def make_parser(fmt: str, start: str, end: str, tokenizer) -> TagParser | HermesParser:
-    """The parser of rollout.multi_turn.format `fmt` (tag: between `start` and `end`; hermes: vLLM's, on `tokenizer`)."""
-    return HermesParser(tokenizer) if fmt == "hermes" else TagParser(start, end)
+def make_parser(fmt: str, start: str, end: str, tokenizer, argument: tuple[str, str] | None = None) -> TagParser | HermesParser:
+    """The parser of rollout.multi_turn.format `fmt` (tag: between `start` and `end`, bodies JSON or, with `argument`
+    = (tool, argument name), that argument's value; hermes: vLLM's, on `tokenizer`)."""
+    return HermesParser(tokenizer) if fmt == "hermes" else TagParser(start, end, argument)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from services.common.config import MultiTurnConfig
+from services.common.tool_text import observation_text
 from services.rollout.agent.environment import StepResult, Task, register_environment
 from services.rollout.agent.tool_calls import HermesParser, TagParser, ToolCall, make_parser, open_call
 from services.rollout.agent.tools import Tool, ToolError, tools_by_name
@@ -20,19 +21,13 @@ from services.rollout.agent.tools import Tool, ToolError, tools_by_name
 MALFORMED, UNKNOWN_TOOL, TOOL_ERROR, TOOL_TIMEOUT = "malformed_call", "unknown_tool", "tool_error", "tool_timeout"
 ERROR_KINDS = (MALFORMED, UNKNOWN_TOOL, TOOL_ERROR, TOOL_TIMEOUT)
 
-# How a turn's tool responses are wrapped. tag: on their own lines after the call (a model without chat tokens
-# goes on writing in the same stream). hermes: a ChatML user turn, as the Qwen and Hermes chat templates render
-# tool results, closing the model's turn line and opening the next assistant turn; these separators are
-# tokenized once with the responses and never re-rendered.
-_WRAP = {"tag": ("\n", "\n"), "hermes": ("\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")}
-
 
 class ToolEnvironment:
     """One episode's tool environment."""
 
     def __init__(self, tools: dict[str, Tool], parser: TagParser | HermesParser, timeout_s: float, fmt: str):
         self.tools, self.parser, self.timeout_s = tools, parser, timeout_s
-        self.prefix, self.suffix = _WRAP[fmt]
+        self.fmt = fmt
         self.prefill = ""  # the call the prompt leaves open, read before the first turn
 
     async def reset(self, task: Task) -> None:
@@ -52,9 +47,9 @@ class ToolEnvironment:
             text, error = await self._answer(call)
             responses.append(text)
             counts[error] += 1
-        body = "".join(f"<tool_response>{r}</tool_response>" for r in responses)
         counts.pop("", None)  # the calls answered without error
-        return StepResult(self.prefix + body + self.suffix, 0.0, False, dict(+counts))  # + drops the kinds counted 0
+        # the wrap's separators are tokenized once with the responses and never re-rendered
+        return StepResult(observation_text(responses, self.fmt), 0.0, False, dict(+counts))  # + drops the kinds counted 0
 
     async def _answer(self, call: ToolCall) -> tuple[str, str]:
         """(the response to one call, the kind of error it is or "")."""
@@ -73,8 +68,20 @@ class ToolEnvironment:
 
 def make_tool_environment(cfg: MultiTurnConfig, tokenizer) -> ToolEnvironment:
     """The tools environment of rollout.multi_turn `cfg`."""
-    parser = make_parser(cfg.format, cfg.tool_call_start, cfg.tool_call_end, tokenizer)
-    return ToolEnvironment(tools_by_name(cfg.tools), parser, cfg.tool_timeout_s, cfg.format)
+    tools = tools_by_name(cfg.tools)
+    parser = make_parser(cfg.format, cfg.tool_call_start, cfg.tool_call_end, tokenizer,
+                         _bare_argument(tools) if cfg.tag_body == "argument" else None)
+    return ToolEnvironment(tools, parser, cfg.tool_timeout_s, cfg.format)
+
+
+def _bare_argument(tools: dict[str, Tool]) -> tuple[str, str]:
+    """(tool, argument) a bare tag body fills: the one required argument of the one tool (config checks the one)."""
+    (tool,) = tools.values()
+    required = tool.parameters.get("required", [])
+    if len(required) != 1:
+        raise ValueError(f"rollout.multi_turn.tag_body: 'argument' needs a tool with one required argument; {tool.name} "
+                         f"requires {required}; use tag_body 'json'")
+    return tool.name, required[0]
 
 
 register_environment("tools", make_tool_environment)
