@@ -34,5 +34,5 @@ def test_sandbox_fusion_needs_a_sandbox_address():
     with pytest.raises(ConfigError, match=r"reward\.sandbox_address: required with sandbox_fusion in rl_config\.verifier_function"):
         load_config(overrides=["rl_config.verifier_function=[sandbox_fusion]", "rl_config.verifier_weight=[1.0]"])
     cfg = load_config(overrides=["rl_config.verifier_function=[sandbox_fusion]", "rl_config.verifier_weight=[1.0]",
-                                 "reward.sandbox_address=127.0.0.1:50071"])
-    assert cfg.reward.sandbox_address == "127.0.0.1:50071"
+                                 "reward.sandbox_address=127.0.0.1:50081"])
+    assert cfg.reward.sandbox_address == "127.0.0.1:50081"

@@ -10,7 +10,7 @@ class SandboxConfig:
     """Sandbox replicas: each runs untrusted programs under bubblewrap with rlimits (docs/sandbox.md)."""
 
     host: str = "127.0.0.1"  # bind address
-    grpc_port: Port = 50071  # gRPC port of the first replica (replica i: + i)
+    grpc_port: Port = 50081  # gRPC port of the first replica (replica i: + i); the trainer has 50071
     replicas: PositiveInt = 1  # sandbox replicas of a run; each serves with its own --replica-index below this (its port and its uids follow from it)
     workers: PositiveInt = 4  # programs one replica runs at once
     queue: NonNegativeInt = 16  # programs that may wait for a worker; more is RESOURCE_EXHAUSTED
