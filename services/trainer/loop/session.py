@@ -35,13 +35,7 @@ from services.trainer.loop.server import start_server
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
 from services.common.weight_wire import torch_dtype
-from services.trainer.weights.gather import HfWeightStream, model_state, stream_hf_weights, take_part
-
-
-@dataclass(frozen=True)
-class _StreamWeights:
-    """Rank 0's request, sent where the other ranks wait for a batch: take part in a gather of the current weights
-    (a push to replicas that lack them)."""
+from services.trainer.weights.gather import HfWeightStream, model_state, stream_hf_weights
 
 
 def _world() -> tuple[int, int]:
@@ -183,27 +177,14 @@ class TrainerSession:
         return _world()[0] == 0
 
     def broadcast(self, obj):
-        """Rank 0's `obj` on every rank; while waiting for it the other ranks take part in the weight gathers rank 0
-        asks for (request_weight_stream)."""
+        """Rank 0's `obj` on every rank (rank 0's decisions and the batch)."""
         import torch.distributed as dist
 
         if _world()[1] == 1:
             return obj
-        while True:
-            box = [obj]
-            dist.broadcast_object_list(box, src=0)
-            if not isinstance(box[0], _StreamWeights):
-                return box[0]
-            self.take_part_in_weight_gather()
-
-    def request_weight_stream(self) -> HfWeightStream:
-        """Rank 0 only, where the other ranks wait in `broadcast`: the current weights' stream, every rank taking part
-        (a push to replicas that joined late or missed a push, outside the iteration's own gather)."""
-        import torch.distributed as dist
-
-        if _world()[1] > 1:
-            dist.broadcast_object_list([_StreamWeights()], src=0)
-        return self.weight_stream()
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def train_step(self, batch: ScoredBatch, step: int) -> dict[str, float]:
         """The estimator's log-prob passes and advantages (with the KL in the reward, if configured), the policy update, the
@@ -255,7 +236,7 @@ class TrainerSession:
         over the TP and PP ranks of data-parallel rank 0, which holds rank 0, the one that pushes; None on the other
         data-parallel ranks, whose copy is the same. With expert parallel every rank takes part: the experts are
         split over data-parallel ranks. Each rank that gets a stream iterates it to the end: rank 0 by pushing it,
-        the others through take_part_in_weight_gather."""
+        the others through gather.take_part."""
         from megatron.core import parallel_state
 
         if data_parallel_rank_size()[0] != 0 and parallel_state.get_expert_model_parallel_world_size() == 1:
@@ -265,10 +246,6 @@ class TrainerSession:
                                                     torch_dtype(self.cfg.generate_config.dtype))
             return self._weight_stream
         return self._weight_stream.over(model_state(self.model))
-
-    def take_part_in_weight_gather(self) -> None:
-        """This rank's part of a weight gather whose buckets rank 0 pushes: its collectives, keeping no bucket."""
-        take_part(self.weight_stream())
 
     def _train_state(self) -> TrainState:
         epoch, index = divmod(self.prompt_cursor, self.num_prompts)
