@@ -115,11 +115,10 @@ def _catch_up(session: TrainerSession, leader: RunLeader | None, decision: Catch
     between pushes); rank 0 pushes them to the replicas `decision` names. No replica lags: nothing to do."""
     if not decision.replicas:
         return
-    weights = session.weight_stream()
     if leader:
-        leader.sync.push_to(weights, decision.replicas, session.version)
+        leader.sync.push_to(session.weight_stream(), decision.replicas, session.version)
     else:
-        take_part(weights)
+        session.take_part_in_weight_gather()
 
 
 def _collect(session: TrainerSession, leader: RunLeader | None, step: int) -> tuple[ScoredBatch, dict[str, float]]:

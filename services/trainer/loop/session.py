@@ -35,7 +35,7 @@ from services.trainer.loop.server import start_server
 from services.trainer.algorithm.update import TrainBatch, UpdateConfig, update_policy
 from services.trainer.modeling.optimizer import ModelOptimizer, build_optimizer
 from services.common.weight_wire import torch_dtype
-from services.trainer.weights.gather import HfWeightStream, model_state, stream_hf_weights
+from services.trainer.weights.gather import HfWeightStream, model_state, stream_hf_weights, take_part
 
 
 def _world() -> tuple[int, int]:
@@ -236,7 +236,7 @@ class TrainerSession:
         over the TP and PP ranks of data-parallel rank 0, which holds rank 0, the one that pushes; None on the other
         data-parallel ranks, whose copy is the same. With expert parallel every rank takes part: the experts are
         split over data-parallel ranks. Each rank that gets a stream iterates it to the end: rank 0 by pushing it,
-        the others through gather.take_part."""
+        the others through take_part_in_weight_gather."""
         from megatron.core import parallel_state
 
         if data_parallel_rank_size()[0] != 0 and parallel_state.get_expert_model_parallel_world_size() == 1:
@@ -246,6 +246,10 @@ class TrainerSession:
                                                     torch_dtype(self.cfg.generate_config.dtype))
             return self._weight_stream
         return self._weight_stream.over(model_state(self.model))
+
+    def take_part_in_weight_gather(self) -> None:
+        """This rank's part of a weight gather whose buckets rank 0 pushes: its collectives, keeping no bucket."""
+        take_part(self.weight_stream())
 
     def _train_state(self) -> TrainState:
         epoch, index = divmod(self.prompt_cursor, self.num_prompts)
