@@ -72,6 +72,7 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         before: dict[str, float] = {}
         waiting_s = leader.wait_for_replicas() if leader else 0.0
         ready = time.perf_counter()
+        # The start's catch-up: replicas that lack the model's version (every one, on a fresh run) get it.
         _catch_up(session, leader, session.broadcast(leader.lagging(session.version) if leader else None))
         if leader:
             push_s = time.perf_counter() - ready
