@@ -13,7 +13,7 @@ from services.common.sample import FinishReason
 from services.common.preprocess import PromptRecord
 from services.dock.schema import DockLayout
 from services.dock.scripts import StaleLease
-from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ack_batch, collect_iteration
+from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ack_batch, collection_rounds
 from services.trainer.loop.prompt_stream import PromptStream
 
 pytestmark = pytest.mark.service
@@ -60,6 +60,16 @@ class Workers:
                 scores = [float(i % 2) for i in claim.indexes]
                 parts = [np.array([score, 0.5], np.float32) for score in scores]  # two verifiers: the score, and 0.5 for all
                 self.dock.put(claim.indexes, {"rm_scores": scores, "rm_parts": parts}, lease=claim.lease)
+
+
+def collect_iteration(dock, stream, books: RunAccounting, cfg, version: int, groups_left: int | None = None):
+    """The trainer's collection of one iteration run to its end (nothing done between its wait rounds): (batch, metrics)."""
+    rounds = collection_rounds(dock, stream, books, cfg, version, groups_left)
+    while True:
+        try:
+            next(rounds)
+        except StopIteration as done:
+            return done.value
 
 
 def _in_flight(books: RunAccounting) -> int:

@@ -1,16 +1,19 @@
 """The iteration driver: the trainer's loop over the whole system.
 
 Each iteration:
-  1. admit prompts (n rows each) into the dock's free group slots, up to (max_staleness + 1) * GBS
-     untrained groups: GBS per iteration when synchronous, the next iterations' ahead with eta >= 1
-  2. wait for GBS complete, scored groups (rollout and reward workers pull from the dock); drop
-     groups with a token older than version - max_staleness
-  3. log-probs (old: skipped when it equals the current policy; reference when KL is on)
-  4. group_norm advantages, then the policy update
-  5. push the new weights to every live rollout replica; record the step's metrics
+  1. collect: admit prompts (n rows each) into the dock's free group slots, up to (max_staleness + 1) * GBS
+     untrained groups (GBS per iteration when synchronous, the next iterations' ahead with eta >= 1), and
+     wait for GBS complete, scored groups (rollout and reward workers pull from the dock); drop groups
+     with a token older than version - max_staleness
+  2. bring lagging replicas up to date: before the first claim and at each wait round, replicas that
+     joined late or missed a push get the model's weights (the version they should serve)
+  3. train: the estimator's log-probs and advantages, the policy (and critic) update
+  4. push the new weights to every live rollout replica; record the step's metrics
 
-Rank 0 does 1, 2 and 5's push and records through `RunLeader`; every rank takes part in the
-batch's broadcast, 3-4 and the weight gather (collectives over TP / PP / DP).
+Rank 0 talks to the dock and the replicas (`RunLeader`) and decides, per wait round, what every rank
+does next: `CatchUp` (replicas lag: every rank streams the weights, rank 0 pushes them) or `BatchReady`
+(the batch, broadcast to every rank). Every rank then takes the same step: the weight gathers, the
+update and the push's gather are collectives over TP / PP / DP; no push happens inside the collection.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ from services.trainer.modeling.checkpoint import latest_step
 from services.trainer.modeling.cpu_shims import accelerator_present
 from services.trainer.modeling.model import cpu_threads
 from services.trainer.loop.profiling import StepProfiler
-from services.trainer.loop.run_leader import TRAIN_SET, RunLeader, read_run_data
+from services.trainer.loop.run_leader import TRAIN_SET, BatchReady, CatchUp, RunLeader, read_run_data
+from services.trainer.loop.iteration_data import ScoredBatch
 from services.trainer.loop.session import TrainerSession
 from services.trainer.loop.step_metrics import batch_metrics, throughput_metrics
 from services.trainer.weights.gather import take_part
@@ -62,18 +66,22 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         return 2
     session = TrainerSession.start(cfg, token, len(data[TRAIN_SET].records), resume=resume, host=host, port=port)
     model_ready = time.perf_counter()
-    leader = (RunLeader(cfg, token, data, session.prompt_cursor, resume, session.request_weight_stream)
-              if session.is_leader else None)
+    leader = RunLeader(cfg, token, data, session.prompt_cursor, resume) if session.is_leader else None
     profiler = StepProfiler.from_config(cfg, dist.get_rank() if dist.is_initialized() else 0)
     try:
         before: dict[str, float] = {}
+        waiting_s = leader.wait_for_replicas() if leader else 0.0
+        ready = time.perf_counter()
+        # The start's catch-up: replicas that lack the model's version (every one, on a fresh run) get it.
+        _catch_up(session, leader, session.broadcast(leader.lagging(session.version) if leader else None))
         if leader:
-            waiting_s, push_s, before = leader.start(session.version, session.step)
+            push_s = time.perf_counter() - ready
+            before = leader.before(session.step, session.version)
             # Where the trainer's start-up goes; rollout replicas start alongside, so waiting for one is vLLM's start left over.
             log_event(logger, "start-up", imports_s=f"{imported:.1f}", model_s=f"{model_ready - started:.1f}",
                       waiting_for_rollout_s=f"{waiting_s:.1f}", first_push_s=f"{push_s:.1f}",
                       total_s=f"{imported + time.perf_counter() - started:.1f}")
-        session.broadcast(None)  # the other ranks take part in the start's weight gathers until rank 0 is through
+        session.broadcast(None)  # the other ranks wait for rank 0's evaluation before the first iteration
         first_step = session.step + 1
         for step in range(first_step, mt.train_iters + 1):
             session.control.wait_while_paused()
@@ -103,15 +111,36 @@ def train(cfg: Config, resume: bool = False, host: str | None = None, port: int 
         session.close()
 
 
+def _catch_up(session: TrainerSession, leader: RunLeader | None, decision: CatchUp) -> None:
+    """Every rank: streams the model's weights (outside an update they hold session.version, so nothing is kept
+    between pushes); rank 0 pushes them to the replicas `decision` names. No replica lags: nothing to do."""
+    if not decision.replicas:
+        return
+    if leader:
+        leader.sync.push_to(session.weight_stream(), decision.replicas, session.version)
+    else:
+        session.take_part_in_weight_gather()
+
+
+def _collect(session: TrainerSession, leader: RunLeader | None, step: int) -> tuple[ScoredBatch, dict[str, float]]:
+    """Every rank: rank 0's decisions (`RunLeader.collect`), one at a time, until the batch is ready; each `CatchUp`
+    on the way brings lagging replicas up to date. Returns the batch and how it was gathered."""
+    decisions = leader.collect(step, session.version) if leader else None
+    while True:
+        decision = session.broadcast(next(decisions) if leader else None)
+        if isinstance(decision, BatchReady):
+            return decision.batch, decision.metrics
+        _catch_up(session, leader, decision)
+
+
 def _iteration(session: TrainerSession, leader: RunLeader | None, step: int) -> dict[str, float]:
-    """One iteration, as the algorithm: scored groups in, advantages and the update, the new policy out.
-    Rank 0 (`leader`) talks to the dock and the replicas; every rank joins the collectives."""
+    """One iteration, as the algorithm: collect (bringing lagging replicas up to date while waiting), train, push.
+    Rank 0 (`leader`) talks to the dock and the replicas; every rank takes each step and joins its collectives."""
     rl = session.cfg.rl_config
     t0 = time.perf_counter()
     session.control.set_state("rollout")
     with record_function("collect_scored_groups"):
-        batch, metrics = leader.collect(step, session.version) if leader else (None, {})
-        batch = session.broadcast(batch)
+        batch, metrics = _collect(session, leader, step)
     t_rollout = time.perf_counter()
     session.control.set_state("train")
     metrics.update(session.train_step(batch, step))  # log-probs, advantages, the policy (and critic) update

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -152,15 +153,16 @@ def drop_groups(dock: Dock, claim: Claim, n: int, groups: set[int]) -> Claim | N
                  {name: [values[i] for i in kept] for name, values in claim.columns.items()})
 
 
-def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wait=None,
-                          min_version: int | None = None, on_drop=None) -> ScoredBatch:
-    """Claims complete, scored groups until `rows_wanted` rows are held; raises Unavailable on timeout.
+def scored_group_rounds(dock: Dock, rows_wanted: int, timeout_s: float, min_version: int | None = None,
+                        on_drop=None) -> Generator[float, None, ScoredBatch]:
+    """Claims complete, scored groups until `rows_wanted` rows are held, and returns them; raises Unavailable on timeout.
 
-    `on_wait(seconds_waited)` is called about once a second while nothing new arrives (progress logs).
-    The groups already held are renewed while waiting: the wait for the rest (e.g. rows of a dead
-    worker coming back after their lease) may outlast the lease on the first ones. Groups with a
-    failed row, and with `min_version` groups holding an older token, are dropped (never trained);
-    `on_drop(reason, rows)` is told how many rows, for each reason.
+    A generator: it yields the seconds waited about once a second while nothing new arrives (a wait
+    round), so its caller can act between rounds, and returns the batch. The groups already held are
+    renewed while waiting: the wait for the rest (e.g. rows of a dead worker coming back after their
+    lease) may outlast the lease on the first ones. Groups with a failed row, and with `min_version`
+    groups holding an older token, are dropped (never trained); `on_drop(reason, rows)` is told how
+    many rows, for each reason.
     """
     batch = ScoredBatch()
     n = dock.layout.n_samples_per_prompt
@@ -186,16 +188,17 @@ def collect_scored_groups(dock: Dock, rows_wanted: int, timeout_s: float, on_wai
                 f"no scored groups for {waited:.0f} s ({len(batch)} of {rows_wanted} rows): are rollout and reward workers "
                 f"running against this dock? ({dock.stats()})"
             )
-        if on_wait is not None and time.monotonic() - last_note >= 1.0:
-            on_wait(waited)
+        if time.monotonic() - last_note >= 1.0:
+            yield waited
             last_note = time.monotonic()
     return batch
 
 
-def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, version: int, groups_left: int | None = None,
-                      on_wait=None) -> tuple[ScoredBatch, dict[str, float]]:
+def collection_rounds(dock: Dock, stream, accounting: RunAccounting, cfg, version: int,
+                      groups_left: int | None = None) -> Generator[float, None, tuple[ScoredBatch, dict[str, float]]]:
     """One iteration's training batch: prompts admitted up to the staleness bound, GBS scored groups out.
 
+    A generator, like `scored_group_rounds`: it yields at each wait round and returns (batch, metrics).
     `version` is the policy version this iteration trains; `groups_left` the groups the run's
     remaining iterations train (no prompt is admitted past them). With DAPO's dynamic sampling
     (rl_config.filter_groups_enable), groups whose samples all scored the same are dropped and more
@@ -231,15 +234,15 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
                       cause="the rollout gave them no token (see the rollout replica's 'row failed' lines)")
         admit()  # their slots take fresh prompts, or the wait for GBS usable groups could never end
 
-    def one_round() -> ScoredBatch:
+    def one_round() -> Generator[float, None, ScoredBatch]:
         admit()
-        batch = collect_scored_groups(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s, on_wait=on_wait,
-                                      min_version=min_version, on_drop=dropped)
+        batch = yield from scored_group_rounds(dock, gbs * n, timeout_s=cfg.trainer.rollout_timeout_s,
+                                               min_version=min_version, on_drop=dropped)
         accounting.record_collected(batch, n)
         return batch
 
     if not rl.filter_groups_enable:
-        batch = one_round()
+        batch = yield from one_round()
         accounting.record_trained(len(batch), 0, n)
         return batch, {}
     import torch
@@ -247,7 +250,7 @@ def collect_iteration(dock: Dock, stream, accounting: RunAccounting, cfg, versio
     sampler = DynamicSampler(gbs, n, rl.filter_groups_max_batches)
     kept = ScoredBatch()
     while not sampler.done:
-        batch = one_round()
+        batch = yield from one_round()
         ack_batch(dock, batch)
         picked = sampler.add(torch.tensor(batch.scores))
         kept.add_groups(batch, picked, n)

@@ -10,7 +10,8 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import redis
 
@@ -19,9 +20,10 @@ from services.common.log import log_event
 from services.common.weight_wire import BucketSource
 from services.common.prompt_file import OVER_MAX_PROMPT_LENGTH, PromptFile, read_prompt_file
 from services.dock.client import Dock
+from services.dock.registry import Replica
 from services.dock.schema import DockLayout
 from services.dock.timeline import Span
-from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ScoredBatch, ack_batch, collect_iteration
+from services.trainer.loop.iteration_data import HeldBatch, RunAccounting, ScoredBatch, ack_batch, collection_rounds
 from services.trainer.loop.prompt_stream import PromptStream
 from services.trainer.weights.rollout_sync import ReplicaSync
 from services.trainer.loop.run_log import RunLog
@@ -54,12 +56,27 @@ def read_run_data(cfg: Config) -> dict[str, PromptFile]:
     return files
 
 
+@dataclass(frozen=True)
+class CatchUp:
+    """Rank 0's decision: these live replicas lack the model's version (joined late, or missed a push). Every rank
+    streams the model's weights, which hold that version outside an update; rank 0 pushes them to the replicas."""
+
+    replicas: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
+class BatchReady:
+    """Rank 0's decision: the iteration's scored groups are in; every rank trains on `batch`."""
+
+    batch: ScoredBatch
+    metrics: dict[str, float]  # how the batch was gathered (dropped rows, dynamic sampling rounds)
+
+
 class RunLeader:
     """What rank 0 does around the collectives: admit prompts and collect scored groups, push
     weights, evaluate, and record every step."""
 
-    def __init__(self, cfg: Config, token: str, data: dict[str, PromptFile], prompt_cursor: int, resume: bool,
-                 current_weights: Callable[[], BucketSource]):
+    def __init__(self, cfg: Config, token: str, data: dict[str, PromptFile], prompt_cursor: int, resume: bool):
         self.cfg = cfg
         prompts = data[TRAIN_SET].records
         self.prompts = {"trained_from": len(prompts), "over_max_prompt_length": data[TRAIN_SET].counts().get(OVER_MAX_PROMPT_LENGTH, 0)}
@@ -76,21 +93,18 @@ class RunLeader:
         self.timeline = self.dock.timeline()
         self.accounting = RunAccounting()
         self.held: HeldBatch | None = None  # the iteration's batch, from collect to publish
-        # The model's weights streamed afresh, every rank taking part, for replicas that lack the version it serves
-        # (joined late, or missed a push): outside an update the model holds that version, so nothing is kept.
-        self.current_weights = current_weights
 
-    def start(self, version: int, step: int) -> tuple[float, float, dict[str, float]]:
-        """Waits for a rollout replica, pushes the model's weights to every replica that lacks `version`, and
-        evaluates; returns (seconds waiting for a replica, seconds pushing, accuracies)."""
+    def wait_for_replicas(self) -> float:
+        """Blocks until a rollout replica registers; returns the seconds waited."""
         waiting = time.perf_counter()
         self.sync.wait_for_replicas(timeout_s=600.0)
-        ready = time.perf_counter()
-        self.sync.push_to_stale(self.current_weights, version)
-        pushed = time.perf_counter()
-        return ready - waiting, pushed - ready, self._before(step, version)
+        return time.perf_counter() - waiting
 
-    def _before(self, step: int, version: int) -> dict[str, float]:
+    def lagging(self, version: int) -> CatchUp:
+        """The live replicas that lack `version` (none, possibly) as a decision for every rank."""
+        return CatchUp(tuple(self.sync.lagging(version)))
+
+    def before(self, step: int, version: int) -> dict[str, float]:
         """The accuracies before training. A run resumed from the checkpoint of `step` (> 0) drops the records of
         the steps it trains again and takes the original run's step-0 evaluation when its records hold one."""
         if step > 0:
@@ -101,21 +115,28 @@ class RunLeader:
                 return {key.removeprefix("eval/"): value for key, value in first.items() if key.startswith("eval/")}
         return self.evaluate(step, version)
 
-    def collect(self, step: int, version: int) -> tuple[ScoredBatch, dict[str, float]]:
-        """This iteration's GBS scored groups, admitting prompts up to the staleness bound, and the
-        metrics of how they were gathered."""
+    def collect(self, step: int, version: int) -> Iterator[CatchUp | BatchReady]:
+        """This iteration's collection as rank 0's decisions for every rank: `CatchUp` for replicas that lag (checked
+        before the first claim and at each wait round, about once a second while no scored group arrives), ending with
+        `BatchReady`: GBS scored groups, prompts admitted up to the staleness bound, and how they were gathered."""
         mt = self.cfg.megatron_training
         books = self.accounting
         self.dock.set_policy_version(version)
-        self.sync.push_to_stale(self.current_weights, version)  # replicas that joined since the last push
         stale, failed = books.rows_stale, books.rows_failed
-        batch, metrics = collect_iteration(self.dock, self.stream, books, self.cfg, version,
-                                           groups_left=(mt.train_iters - step + 1) * mt.global_batch_size,
-                                           on_wait=lambda seconds: self.sync.push_to_stale(self.current_weights, version))
+        rounds = collection_rounds(self.dock, self.stream, books, self.cfg, version,
+                                   groups_left=(mt.train_iters - step + 1) * mt.global_batch_size)
+        while True:
+            if lagging := self.sync.lagging(version):
+                yield CatchUp(tuple(lagging))
+            try:
+                next(rounds)  # to the next wait round
+            except StopIteration as done:
+                batch, metrics = done.value
+                break
         metrics["policy_lag/stale_rows_dropped"] = books.rows_stale - stale
         metrics["rollout/failed_rows_dropped"] = books.rows_failed - failed
         self.held = HeldBatch(self.dock, batch, self.cfg.dock.lease_seconds)  # until publish acks it
-        return batch, metrics
+        yield BatchReady(batch, metrics)
 
     def publish(self, weights: BucketSource, batch: ScoredBatch, version: int) -> dict[str, float]:
         """Pushes the updated policy (streamed: the other ranks take part) as `version` to every live replica and

@@ -38,12 +38,6 @@ from services.common.weight_wire import torch_dtype
 from services.trainer.weights.gather import HfWeightStream, model_state, stream_hf_weights, take_part
 
 
-@dataclass(frozen=True)
-class _StreamWeights:
-    """Rank 0's request, sent where the other ranks wait for a batch: take part in a gather of the current weights
-    (a push to replicas that lack them)."""
-
-
 def _world() -> tuple[int, int]:
     import torch.distributed as dist
 
@@ -183,27 +177,14 @@ class TrainerSession:
         return _world()[0] == 0
 
     def broadcast(self, obj):
-        """Rank 0's `obj` on every rank; while waiting for it the other ranks take part in the weight gathers rank 0
-        asks for (request_weight_stream)."""
+        """Rank 0's `obj` on every rank (rank 0's decisions and the batch)."""
         import torch.distributed as dist
 
         if _world()[1] == 1:
             return obj
-        while True:
-            box = [obj]
-            dist.broadcast_object_list(box, src=0)
-            if not isinstance(box[0], _StreamWeights):
-                return box[0]
-            self.take_part_in_weight_gather()
-
-    def request_weight_stream(self) -> HfWeightStream:
-        """Rank 0 only, where the other ranks wait in `broadcast`: the current weights' stream, every rank taking part
-        (a push to replicas that joined late or missed a push, outside the iteration's own gather)."""
-        import torch.distributed as dist
-
-        if _world()[1] > 1:
-            dist.broadcast_object_list([_StreamWeights()], src=0)
-        return self.weight_stream()
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def train_step(self, batch: ScoredBatch, step: int) -> dict[str, float]:
         """The estimator's log-prob passes and advantages (with the KL in the reward, if configured), the policy update, the

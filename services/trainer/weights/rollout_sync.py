@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from services.common.config import Config
 from services.common.errors import Unavailable
 from services.common.log import log_event
 from services.common.weight_wire import BucketSource
-from services.dock.registry import ReplicaRegistry
+from services.dock.registry import Replica, ReplicaRegistry
 from services.trainer.weights.transport import build_transport
 from services.trainer.weights.weight_push import PushResult
 
@@ -52,7 +52,8 @@ class ReplicaSync:
             log_event(logger, "replica missed the push", level=logging.WARNING, replica=failure.address, error=failure.error)
         return result
 
-    def _push_to(self, weights: BucketSource, replicas: list, version: int) -> PushResult:
+    def push_to(self, weights: BucketSource, replicas: Sequence[Replica], version: int) -> PushResult:
+        """Pushes `weights` as `version` to `replicas` (every live one, or those `lagging` named); remembers who took it."""
         result = self._push(weights, [r.address for r in replicas], version)
         failed = {f.address for f in result.failed}
         self._pushed.update({r.replica_id: version for r in replicas if r.address not in failed})
@@ -62,11 +63,11 @@ class ReplicaSync:
         """Pushes `weights` (trainer.bucket_mb buckets in the replicas' dtype) as `version` to every live replica.
 
         When none is live or none took it (the only replica just died), the run goes on: a replica that
-        registers gets `version` before it takes work (push_to_stale), and the next iteration's wait for
+        registers gets `version` before it takes work (`lagging`), and the next iteration's wait for
         scored groups ends the run only when none comes within trainer.rollout_timeout_s."""
         replicas = self._registry.live("rollout")
         if replicas:
-            result = self._push_to(weights, replicas, version)
+            result = self.push_to(weights, replicas, version)
         else:
             for _ in weights:  # the other ranks take part in the stream's gathers
                 pass
@@ -76,11 +77,10 @@ class ReplicaSync:
                       then="a replica that registers gets this version before it takes work")
         return result
 
-    def push_to_stale(self, weights: Callable[[], BucketSource], version: int) -> PushResult | None:
-        """Pushes `version` to the live replicas that serve another one (joined late, or missed a push); `weights`
-        streams them (a collective), called only when some replica needs them."""
-        stale = [r for r in self._registry.live("rollout") if r.version != version and self._pushed.get(r.replica_id) != version]
-        return self._push_to(weights(), stale, version) if stale else None
+    def lagging(self, version: int) -> list[Replica]:
+        """The live replicas that serve another version than `version` and were not pushed it (joined late, or missed a
+        push): the ones a push of the model as it is brings up to date."""
+        return [r for r in self._registry.live("rollout") if r.version != version and self._pushed.get(r.replica_id) != version]
 
     def any_address(self) -> str:
         """One live rollout replica (the first by id), for evaluation calls."""
