@@ -2,7 +2,6 @@
 exactly the sampled ids and the observations' ids encoded once, the mask is 1 exactly on model tokens (also where
 decoding and re-encoding a turn would change its ids), and each limit ends an episode as specified."""
 import asyncio
-import json
 
 import pytest
 
