@@ -113,7 +113,7 @@ _GENERATE_NOTED: dict[str, tuple[tuple | None, str]] = {
 # MindSpeed-RL's multi-turn keys in rl_config (verl's names), and the tools rollout.multi_turn offers.
 _MULTI_TURN_KEYS = ("multi_turn_enable", "tool_config_path", "max_tool_calls", "max_parallel_calls", "max_total_response_length",
                     "max_tool_response_length", "tool_response_truncate_side", "tool_parser_format", "async_engine")
-_TOOLS_BUILT = ("calculator",)
+_TOOLS_BUILT = ("calculator", "code_interpreter")
 
 # Model-file keys checked against the checkpoint's config.json: (config.json key, how the value reads there).
 _MODEL_CHECKED = {
@@ -272,10 +272,12 @@ def _read_tool_config(path_text: str, base_dir: pathlib.Path, out: Translation) 
         name = (((tool or {}).get("tool_schema") or {}).get("function") or {}).get("name", "")
         if name in _TOOLS_BUILT:
             names.append(name)
+            if ((tool or {}).get("config") or {}).get("sandbox_fusion_url"):
+                out.changes.append(f"rl_config.tool_config_path: {name}'s sandbox_fusion_url dropped: SandboxFusion's HTTP API; "
+                                   "here the code runs in dockrl's sandbox service (rollout.multi_turn.sandbox_address)")
         else:
             out.errors.append(f"rl_config.tool_config_path: {found}: tool {name!r} ({tool.get('class_name')}) cannot run here "
-                              f"(tools built: {', '.join(_TOOLS_BUILT)}; model-written code runs only in the code sandbox, "
-                              "which has no tool yet)")
+                              f"(tools built: {', '.join(_TOOLS_BUILT)})")
     out.changes.append(f"rl_config.tool_config_path -> rollout.multi_turn.tools {names} (from {found})")
     return names
 

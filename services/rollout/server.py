@@ -207,8 +207,12 @@ async def _drain(engine: RolloutEngine, health, worker_task: asyncio.Task | None
 
 def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str, address: str):
     from services.dock.client import Dock
+    from services.rollout.agent.tools import CODE_INTERPRETER, connect_sandbox
     from services.rollout.dock_worker import DockWorker
 
     dock = Dock.from_config(cfg, token=token, redis_url=None if redis_url == "config" else redis_url, holder=engine.replica_id)
     registry = dock.registry(cfg.rollout.heartbeat_ttl_s)
+    mtc = cfg.rollout.multi_turn
+    if mtc.environment and CODE_INTERPRETER.name in mtc.tools:
+        connect_sandbox(mtc.sandbox_address, token, mtc.tool_timeout_s)
     return DockWorker(engine, dock, registry, cfg, address)

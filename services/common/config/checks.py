@@ -235,6 +235,9 @@ def _validate_multi_turn(cfg: Config, errors: list[str]) -> None:
     if mtc.tag_body == "argument" and (mtc.format != "tag" or len(mtc.tools) != 1):
         errors.append(f"rollout.multi_turn.tag_body: 'argument' names no tool, so it needs format 'tag' and exactly one tool "
                       f"(got format {mtc.format!r}, tools {list(mtc.tools)}); use tag_body 'json' or list one tool")
+    if "code_interpreter" in mtc.tools and not mtc.sandbox_address:
+        errors.append("rollout.multi_turn.sandbox_address: required with code_interpreter in rollout.multi_turn.tools (host:port "
+                      "of a sandbox replica, `dockrl sandbox serve`: model-written code runs only there)")
     if mtc.max_tokens_per_turn > budget:
         errors.append(f"rollout.multi_turn.max_tokens_per_turn: {mtc.max_tokens_per_turn} > generate_config.sampling_config."
                       f"max_tokens {budget}, the whole episode's budget; lower it (or 0: the rest of the budget)")

@@ -1,8 +1,9 @@
 """Tools the model may call: a name, a description and a JSON schema of its arguments (the OpenAI tool format),
-and an async call bounded by a timeout; the calculator, and the tools by name.
+and an async call bounded by a timeout; the calculator, the code interpreter, and the tools by name.
 
 Model-written code never runs here: the calculator reads arithmetic with `ast` and evaluates only numbers and
-the operators it lists, refusing anything else (running code is the code-execution sandbox's job).
+the operators it lists, refusing anything else; the code interpreter sends the code to the sandbox service
+(services/sandbox, docs/sandbox.md), whose replica runs it isolated and answers with what it printed.
 """
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ import math
 import operator
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+import grpc
+
+from services.common.sandbox_client import ExecResult, ExecStatus, Program, SandboxClient
 
 
 class ToolError(Exception):
@@ -107,7 +112,65 @@ CALCULATOR = Tool(
     run=_calculate,
 )
 
-TOOLS: dict[str, Tool] = {CALCULATOR.name: CALCULATOR}
+# ---------------------------------------------------------------- the code interpreter
+
+CODE_OUTPUT_CHARS = 1000  # of stdout and of stderr the model reads; a longer output keeps its end (where errors are)
+
+
+class _SandboxConnection:
+    """This process's client of the sandbox the code interpreter runs programs on (`connect_sandbox`)."""
+
+    client: SandboxClient | None = None
+    wall_s: float = 0.0
+
+
+_SANDBOX = _SandboxConnection()
+
+
+def connect_sandbox(address: str, token: str, wall_s: float) -> None:
+    """Points the code interpreter at the sandbox replica `address` (rollout.multi_turn.sandbox_address); each
+    program may run `wall_s` seconds there (the tool's timeout, so no program outlives its call)."""
+    if _SANDBOX.client is not None:
+        _SANDBOX.client.close()
+    _SANDBOX.client, _SANDBOX.wall_s = SandboxClient(address, token, timeout_s=wall_s + 30.0), wall_s
+
+
+def code_result_text(result: ExecResult) -> str:
+    """What the model reads of a program's run: its stdout, then its stderr when it wrote any, each cut to its last
+    CODE_OUTPUT_CHARS; a run that did not end ok is named first (timeout, memory, ...) with the sandbox's reason."""
+    parts = [] if result.status is ExecStatus.OK else [f"{result.status.value}: {result.reason}"]
+    for name, data, truncated in (("stdout", result.stdout, result.stdout_truncated), ("stderr", result.stderr, result.stderr_truncated)):
+        text = data.decode(errors="replace").rstrip("\n")
+        if len(text) > CODE_OUTPUT_CHARS or truncated:
+            text = f"[{name} cut to its last {CODE_OUTPUT_CHARS} characters]\n" + text[-CODE_OUTPUT_CHARS:]
+        if text:
+            parts.append(text if name == "stdout" else f"stderr:\n{text}")
+    return "\n".join(parts)
+
+
+async def _run_code(arguments: dict) -> str:
+    code = arguments.get("code")
+    if not isinstance(code, str) or not code.strip():
+        raise ToolError('arguments must be {"code": "<python source>"}')
+    if _SANDBOX.client is None:
+        raise ToolError("no sandbox to run code in (rollout.multi_turn.sandbox_address)")
+    try:
+        result = await asyncio.to_thread(_SANDBOX.client.execute, Program(code, wall_s=_SANDBOX.wall_s))
+    except grpc.RpcError as exc:  # busy (RESOURCE_EXHAUSTED) or gone (UNAVAILABLE): the model reads it, the run goes on
+        raise ToolError(f"the sandbox refused the program: {exc.code().name}: {exc.details()}") from None
+    return code_result_text(result)
+
+
+CODE_INTERPRETER = Tool(
+    name="code_interpreter",  # MindSpeed-RL's ReTool and verl's name for it
+    description="Runs a Python program in an isolated sandbox (no network, no files kept) and returns what it printed.",
+    parameters={"type": "object",
+                "properties": {"code": {"type": "string", "description": "the Python source; print what you need to read"}},
+                "required": ["code"]},
+    run=_run_code,
+)
+
+TOOLS: dict[str, Tool] = {CALCULATOR.name: CALCULATOR, CODE_INTERPRETER.name: CODE_INTERPRETER}
 
 
 def tools_by_name(names: tuple[str, ...] | list[str]) -> dict[str, Tool]:
