@@ -72,7 +72,7 @@ load. The others are refused only on what is not built yet:
 |---|---|---|
 | `dpo_qwen3_30b_a3b_A3` | `stage: dpo`, `dpo_loss_type`, `is_pairwise_dataset`, `ref_model`, ... | DPO (the algorithm-menu issue) |
 | `grpo_lora_qwen25_32b_A2` | `lora_*`, `share_backbone` | LoRA (the LoRA issue) |
-| `dapo_qwen25_7b_A2_multi_turn` | `retool_reward`, `tool_response_truncate_side: middle`, `max_parallel_calls`; its `code_interpreter` maps to the sandbox's tool, whose `rollout.multi_turn.sandbox_address` the user gives | ReTool's reward; the rest of agentic RL |
+| `dapo_qwen25_7b_A2_multi_turn` | `retool_reward`, `tool_response_truncate_side: middle`, `max_parallel_calls`; its `code_interpreter` maps to the tool of that name, run in the run's sandbox replicas | ReTool's reward; the rest of agentic RL |
 | `grpo_deepseek_r1_671b_*` (3) | `multi_latent_attention`, uneven `num_layer_list`, expert-parallel inference | the DeepSeek-V3 layout; uneven pipeline stages |
 | `dapo_qwen3_30b_a3b_A3`, `grpo_qwen3_235b_a22b_A2` | `infer_expert_parallel_size` > 1, `enable_expert_parallel` (and `noop_layers`) | expert-parallel inference and a `--platform` check |
 | `grpo_qwen25_32b_A3` | `num_layer_list: 16,17,16,15` | uneven pipeline stages |

@@ -54,12 +54,19 @@ def _port(base: int, i: int) -> int:
 
 
 def plan_processes(cfg: Config, config_path: pathlib.Path, redis_url: str, ready_dir: pathlib.Path) -> list[ProcessSpec]:
-    """Rollout replicas, reward replicas (rule, then reward-model ones), and the trainer, in start order;
-    the servers write their bound ports under `ready_dir`."""
+    """Sandbox replicas (when the run executes model-written code), rollout replicas, reward replicas (rule, then
+    reward-model ones), and the trainer, in start order; the servers write their bound ports under `ready_dir`."""
     python = sys.executable
     ready_dir.mkdir(parents=True, exist_ok=True)
     conf = ["--config", str(config_path)]
     specs = []
+    # For the clients that leave their address empty (sandbox.address); the ports are fixed (checked).
+    own_sandbox = any(not address for address in cfg.sandbox_clients.values())
+    for i in range(cfg.sandbox.replicas if own_sandbox else 0):
+        ready = str(ready_dir / f"sandbox-{i}.json")
+        specs.append(ProcessSpec(f"sandbox-{i}", (
+            python, "-m", "services.sandbox", "serve", *conf, "--replica-index", str(i), "--dock", "--ready-file", ready,
+        ), ready_file=ready))
     binds = engine_core_binds(cfg.rollout.replicas)
     for i in range(cfg.rollout.replicas):
         env = {"VLLM_CPU_KVCACHE_SPACE": str(cfg.generate_config.cpu_kvcache_space_gb)}

@@ -42,12 +42,14 @@ def configure(sandbox: CodeSandbox | None) -> None:
 
 
 def code_sandbox(cfg) -> CodeSandbox | None:
-    """The config's sandbox for the code verifier: reward.sandbox_address with the shared token; None when unset."""
+    """The config's sandbox for the code verifier, with the shared token: reward.sandbox_address, else the run's own
+    replica (sandbox.address) when rl_config lists the verifier; None when neither."""
     from services.common.auth import resolve_token
 
-    if not cfg.reward.sandbox_address:
+    address = cfg.reward.sandbox_address or (cfg.sandbox.address() if CODE_VERIFIER in cfg.rl_config.verifier_function else "")
+    if not address:
         return None
-    return CodeSandbox(cfg.reward.sandbox_address, resolve_token(cfg.auth), cfg.reward.code_continuous)
+    return CodeSandbox(address, resolve_token(cfg.auth), cfg.reward.code_continuous)
 
 
 def extract_code(response: str) -> str | None:

@@ -19,7 +19,7 @@ from services.common.grpc_serving import start_with_health
 from services.common.log import log_event
 from services.common.metrics import counter, histogram
 from services.common.pb import reward_pb2, reward_pb2_grpc
-from services.reward.code_tests import CODE_VERIFIER
+from services.reward.code_tests import CODE_VERIFIER, code_sandbox
 from services.reward.decoding import ResponseDecoder
 from services.reward.model import MODEL_VERIFIER, ModelScorer, RewardModelScorer
 from services.reward.pool import VerifierRunner
@@ -47,7 +47,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
 
     def __init__(self, default_plan: ScoringPlan, runner: VerifierRunner, decoder: ResponseDecoder, limits: RequestLimits,
                  model: ModelScorer | None = None, code_sandbox: bool = False):
-        self._code_sandbox = code_sandbox  # whether the code verifier has a sandbox (reward.sandbox_address)
+        self._code_sandbox = code_sandbox  # whether the code verifier has a sandbox (reward.sandbox_address, or the run's own)
         self._default_plan = default_plan
         self._runner = runner
         self._decoder = decoder
@@ -87,7 +87,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
                 raise InvalidArgument(f"verifier_weight[{i}]", f"must be a finite number, got {w}")
         if CODE_VERIFIER in names and not self._code_sandbox:
             raise InvalidArgument("verifier_function", f"{CODE_VERIFIER} runs programs in the sandbox service and this server "
-                                                       "has none (reward.sandbox_address is empty)")
+                                                       "has none (reward.sandbox_address is empty and rl_config.verifier_function does not list it)")
         return ScoringPlan.create(names, weights or [1.0] * len(names), self._default_plan.overlong)
 
     def _items(self, request: reward_pb2.ScoreRequest):
@@ -176,7 +176,7 @@ def start_server(cfg: Config, runner: VerifierRunner, host: str, port: int, mode
         ResponseDecoder(cfg.megatron_training.tokenizer_name_or_path),
         RequestLimits(rc.max_items, rc.max_response_chars),
         model,
-        bool(rc.sandbox_address),
+        code_sandbox(cfg) is not None,
     )
     reward_pb2_grpc.add_RewardServicer_to_server(servicer, server)
     bound, health_servicer = start_with_health(server, host, port, SERVICE_NAME, "reward.grpc_port")
@@ -208,8 +208,6 @@ def serve(cfg: Config, kind: str, dock: bool, host: str | None, port: int | None
         signal.signal(sig, lambda *_: stop.set())
     # A rule replica of a split run loads no reward model: that is what the reward-model replicas are
     # for; its gRPC Score calls that list reward_model get that part from one of them.
-    from services.reward.code_tests import code_sandbox
-
     with (VerifierPool(cfg.rl_config.verifier_parallel, cfg.rl_config.verifier_timeout, code_sandbox(cfg)) as pool,
           reward_model(cfg, kind == "model" or not split) as model, _remote_model(cfg, kind == "rule" and split) as remote):
         # a bad dock config fails before serving

@@ -207,6 +207,8 @@ async def _drain(engine: RolloutEngine, health, worker_task: asyncio.Task | None
 
 def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str, address: str):
     from services.dock.client import Dock
+    import zlib
+
     from services.rollout.agent.tools import CODE_INTERPRETER, connect_sandbox
     from services.rollout.dock_worker import DockWorker
 
@@ -214,5 +216,6 @@ def _dock_worker(engine: RolloutEngine, cfg: Config, token: str, redis_url: str,
     registry = dock.registry(cfg.rollout.heartbeat_ttl_s)
     mtc = cfg.rollout.multi_turn
     if mtc.environment and CODE_INTERPRETER.name in mtc.tools:
-        connect_sandbox(mtc.sandbox_address, token, mtc.tool_timeout_s)
+        # the run's own sandbox replicas: each rollout replica takes one by its id, which spreads them
+        connect_sandbox(mtc.sandbox_address or cfg.sandbox.address(zlib.crc32(engine.replica_id.encode())), token, mtc.tool_timeout_s)
     return DockWorker(engine, dock, registry, cfg, address)

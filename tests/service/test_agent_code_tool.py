@@ -68,6 +68,7 @@ def test_an_unreachable_sandbox_is_a_tool_error_the_model_reads(tmp_path):
     assert "the sandbox refused the program: UNAVAILABLE" in result.observation
 
 
-def test_the_tool_needs_a_sandbox_address_in_the_config():
-    with pytest.raises(ConfigError, match=r"rollout.multi_turn.sandbox_address: required with code_interpreter"):
-        config_from_dict({"rollout": {"multi_turn": {"environment": "tools", "tools": ["code_interpreter"]}}})
+def test_without_an_address_the_tool_needs_the_runs_sandbox_at_a_fixed_port():
+    with pytest.raises(ConfigError, match=r"rollout.multi_turn.sandbox_address: empty, so the run's own sandbox replicas"):
+        config_from_dict({"rollout": {"multi_turn": {"environment": "tools", "tools": ["code_interpreter"]}},
+                          "sandbox": {"grpc_port": 0}})

@@ -89,3 +89,20 @@ def test_the_add_replica_command_names_the_runs_config_and_dock_free_ports_and_n
     assert joined.rollout.omp_threads_bind == cfg.rollout.omp_threads_bind == "auto"
     named = load_config(str(DEFAULT_CONFIG), ["rollout.omp_threads_bind='0,1'"])
     assert "omp_threads_bind" not in add_replica_command(named, resolved)
+
+
+def test_a_run_that_executes_model_code_starts_its_sandbox_replicas_first_and_its_clients_find_them(tmp_path):
+    from services.reward.code_tests import code_sandbox
+
+    code = ["rl_config.verifier_function=[sandbox_fusion]", "rl_config.verifier_weight=[1.0]", "sandbox.replicas=2"]
+    cfg = load_config(str(DEFAULT_CONFIG), code)
+    specs = plan_processes(cfg, tmp_path / "config.yaml", "redis://127.0.0.1:6379/0", tmp_path / "ready")
+    assert [s.name for s in specs] == ["sandbox-0", "sandbox-1", "rollout-0", "reward-0", "trainer"]
+    assert [_flag(s.argv, "--replica-index") for s in specs[:2]] == ["0", "1"] and all("--dock" in s.argv for s in specs[:2])
+    assert code_sandbox(cfg).address == "127.0.0.1:50081" and cfg.sandbox.address(3) == "127.0.0.1:50082"
+    # a run given another sandbox's address, or one that runs no code, starts none
+    given = load_config(str(DEFAULT_CONFIG), [*code, "reward.sandbox_address=10.0.0.5:50081"])
+    assert code_sandbox(given).address == "10.0.0.5:50081"
+    assert not [s for s in plan_processes(given, tmp_path / "c.yaml", "", tmp_path / "r") if s.name.startswith("sandbox")]
+    assert not [s for s in plan_processes(load_config(str(DEFAULT_CONFIG)), tmp_path / "c.yaml", "", tmp_path / "r")
+                if s.name.startswith("sandbox")]

@@ -28,9 +28,9 @@ _DPO = ["megatron_training.stage", "megatron_training.no_save_optim", "megatron_
 _EP_INFERENCE = ["generate_config.infer_expert_parallel_size", "generate_config.enable_expert_parallel"]
 _DEEPSEEK = ["model.deepseekv3_671b.multi_latent_attention", "megatron_training.num_layer_list", *_EP_INFERENCE]
 REFUSED = {
-    # the code tool maps to code_interpreter, which runs in dockrl's sandbox service: its address is the user's to give
+    # its code tool maps to code_interpreter, which runs in the run's sandbox replicas
     "dapo_qwen25_7b_A2_multi_turn": ["rl_config.tool_response_truncate_side", "rl_config.max_parallel_calls",
-                                     "rl_config.verifier_function", "rollout.multi_turn.sandbox_address"],
+                                     "rl_config.verifier_function"],
     "dapo_qwen3_30b_a3b_A3": _EP_INFERENCE,
     "dpo_qwen3_30b_a3b_A3": _DPO,
     # its own numbers disagree: max_model_len 10240 < 4 prompt + 10240 response tokens

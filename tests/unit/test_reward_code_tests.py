@@ -30,9 +30,10 @@ def test_a_label_that_is_not_stdin_stdout_tests_is_refused(label, message):
         parse_tests(label)
 
 
-def test_sandbox_fusion_needs_a_sandbox_address():
-    with pytest.raises(ConfigError, match=r"reward\.sandbox_address: required with sandbox_fusion in rl_config\.verifier_function"):
-        load_config(overrides=["rl_config.verifier_function=[sandbox_fusion]", "rl_config.verifier_weight=[1.0]"])
+def test_sandbox_fusion_without_an_address_takes_the_runs_own_sandbox_at_a_fixed_port():
+    with pytest.raises(ConfigError, match=r"reward\.sandbox_address: empty, so the run's own sandbox replicas .* sandbox\.grpc_port is 0"):
+        load_config(overrides=["rl_config.verifier_function=[sandbox_fusion]", "rl_config.verifier_weight=[1.0]",
+                               "sandbox.grpc_port=0"])
     cfg = load_config(overrides=["rl_config.verifier_function=[sandbox_fusion]", "rl_config.verifier_weight=[1.0]",
-                                 "reward.sandbox_address=127.0.0.1:50081"])
-    assert cfg.reward.sandbox_address == "127.0.0.1:50081"
+                                 "reward.sandbox_address=127.0.0.1:50091"])
+    assert cfg.reward.sandbox_address == "127.0.0.1:50091"

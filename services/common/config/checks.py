@@ -198,9 +198,6 @@ def _validate(cfg: Config, errors: list[str]) -> None:
         if not value or ":" in value or "*" in value:
             errors.append(f"{path}: {value!r} must be non-empty without ':' or '*' (it is part of Redis key names)")
     _validate_sandbox(cfg, errors)
-    if "sandbox_fusion" in rl.verifier_function and not cfg.reward.sandbox_address:
-        errors.append("reward.sandbox_address: required with sandbox_fusion in rl_config.verifier_function (host:port of a "
-                      "sandbox replica, `dockrl sandbox serve`)")
 
 
 def _validate_sandbox(cfg: Config, errors: list[str]) -> None:
@@ -209,6 +206,10 @@ def _validate_sandbox(cfg: Config, errors: list[str]) -> None:
     for key in ("wall_s", "memory_mb", "output_bytes"):
         if getattr(sb, key) > getattr(sb, f"max_{key}"):
             errors.append(f"sandbox.{key}: {getattr(sb, key)} is above sandbox.max_{key} {getattr(sb, f'max_{key}')}")
+    unaddressed = [key for key, address in cfg.sandbox_clients.items() if not address]
+    if unaddressed and not sb.grpc_port:
+        errors.append(f"{unaddressed[0]}: empty, so the run's own sandbox replicas at sandbox.host:sandbox.grpc_port, but "
+                      "sandbox.grpc_port is 0 (a free port no client can know); give the address or a fixed port")
     if not sb.interpreter.startswith("/"):
         errors.append(f"sandbox.interpreter: {sb.interpreter!r} must be an absolute path (the sandbox has no PATH search of the host)")
     for i, path in enumerate(sb.ro_paths):
@@ -235,9 +236,6 @@ def _validate_multi_turn(cfg: Config, errors: list[str]) -> None:
     if mtc.tag_body == "argument" and (mtc.format != "tag" or len(mtc.tools) != 1):
         errors.append(f"rollout.multi_turn.tag_body: 'argument' names no tool, so it needs format 'tag' and exactly one tool "
                       f"(got format {mtc.format!r}, tools {list(mtc.tools)}); use tag_body 'json' or list one tool")
-    if "code_interpreter" in mtc.tools and not mtc.sandbox_address:
-        errors.append("rollout.multi_turn.sandbox_address: required with code_interpreter in rollout.multi_turn.tools (host:port "
-                      "of a sandbox replica, `dockrl sandbox serve`: model-written code runs only there)")
     if mtc.max_tokens_per_turn > budget:
         errors.append(f"rollout.multi_turn.max_tokens_per_turn: {mtc.max_tokens_per_turn} > generate_config.sampling_config."
                       f"max_tokens {budget}, the whole episode's budget; lower it (or 0: the rest of the budget)")

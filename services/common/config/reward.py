@@ -16,7 +16,7 @@ class RewardServiceConfig:
     max_request_mb: PositiveInt = 64  # gRPC receive limit for one Score request
     server_threads: PositiveInt = 8  # concurrent Score calls; they share the verifier pool
     metrics_port: Port = 0  # Prometheus /metrics (HTTP) on this port; 0: not served
-    sandbox_address: str = ""  # host:port of the sandbox replica the sandbox_fusion verifier runs programs on; needed when it is listed
+    sandbox_address: str = ""  # host:port of the sandbox replica the sandbox_fusion verifier runs programs on; "": the run's own, sandbox.host:grpc_port, which `dockrl up` starts
     code_continuous: bool = False  # sandbox_fusion scores the fraction of the first 10 tests passed (verl's continuous) instead of 1 only when all pass
 
 

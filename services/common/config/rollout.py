@@ -63,7 +63,7 @@ class MultiTurnConfig:
     max_tokens_per_turn: NonNegativeInt = 0  # tokens one model turn may generate; 0: the rest of the episode's budget
     max_observation_tokens: PositiveInt = 256  # tokens of one observation (its ids are cut to this, and the cut counted)
     tool_timeout_s: PositiveFloat = 5.0  # seconds one tool call may take; past it the model sees a timeout error
-    sandbox_address: str = ""  # host:port of the sandbox replica (`dockrl sandbox serve`) the code_interpreter tool runs programs on, each for at most tool_timeout_s; needed when it is listed
+    sandbox_address: str = ""  # host:port of the sandbox replica (`dockrl sandbox serve`) the code_interpreter tool runs programs on, each for at most tool_timeout_s; "": the run's own, sandbox.host:grpc_port (each rollout replica one of the sandbox.replicas), which `dockrl up` starts
     environment_reward_weight: NonNegativeFloat = 0.0  # the environment's reward is added to the verifiers' weighted reward times this; 0: reported in the agent/ metrics, not paid
 
 

@@ -54,6 +54,17 @@ class Config:
     arithmetic: ArithmeticConfig | None = None
 
     @property
+    def sandbox_clients(self) -> dict[str, str]:
+        """The run's clients of the code sandbox (the sandbox_fusion verifier, the agent's code_interpreter tool): the
+        config key of each one's address -> that address, "" for the run's own replicas (sandbox.address)."""
+        mtc, clients = self.rollout.multi_turn, {}
+        if "sandbox_fusion" in self.rl_config.verifier_function:
+            clients["reward.sandbox_address"] = self.reward.sandbox_address
+        if mtc.environment and "code_interpreter" in mtc.tools:
+            clients["rollout.multi_turn.sandbox_address"] = mtc.sandbox_address
+        return clients
+
+    @property
     def samples_per_iteration(self) -> int:
         """GBS * n: rows the dock holds for one iteration."""
         return self.megatron_training.global_batch_size * self.rl_config.n_samples_per_prompt

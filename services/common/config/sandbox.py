@@ -11,7 +11,7 @@ class SandboxConfig:
 
     host: str = "127.0.0.1"  # bind address
     grpc_port: Port = 50081  # gRPC port of the first replica (replica i: + i); the trainer has 50071
-    replicas: PositiveInt = 1  # sandbox replicas of a run; each serves with its own --replica-index below this (its port and its uids follow from it)
+    replicas: PositiveInt = 1  # sandbox replicas of a run (`dockrl up` starts them when a client's sandbox_address is empty); each serves with its own --replica-index below this (its port and its uids follow from it)
     workers: PositiveInt = 4  # programs one replica runs at once
     queue: NonNegativeInt = 16  # programs that may wait for a worker; more is RESOURCE_EXHAUSTED
     interpreter: str = "/usr/bin/python3"  # the Python programs run with (the system's, not a venv); must lie under /usr or ro_paths
@@ -30,3 +30,9 @@ class SandboxConfig:
     max_stdin_bytes: PositiveInt = 16_777_216  # bytes of stdin per program; more is INVALID_ARGUMENT
     max_batch: PositiveInt = 256  # programs per ExecuteBatch request; more is INVALID_ARGUMENT
     max_request_mb: PositiveInt = 64  # gRPC receive limit for one request
+
+    def address(self, index: int = 0) -> str:
+        """host:port of the run's sandbox replica `index` (modulo replicas), as `dockrl up` starts them; the address
+        a client takes when its own key (reward.sandbox_address, rollout.multi_turn.sandbox_address) is empty."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.grpc_port + index % self.replicas}"
