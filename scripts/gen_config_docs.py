@@ -60,6 +60,8 @@ A config written in MindSpeed-RL's layout loads as it is (any of `defaults`, `ac
   sampling budget when the overlong penalty (its only reader in MindSpeed-RL) is off; the
   multi-turn keys (`multi_turn_enable`, `tool_config_path` in verl's tool-config format,
   `max_tool_calls`, `max_tool_response_length`, `tool_parser_format`) become `rollout.multi_turn`.
+- DAPO's `filter_groups_train_batch_size` is the groups one update trains, kept over as many rounds of
+  `global_batch_size` prompts as it takes (`filter_groups_max_batches` bounds them), as in MindSpeed-RL.
 - The forward-only log-prob passes take their own micro-batches, as in MindSpeed-RL:
   `actor_forward_micro_batch_size` / `ref_forward_micro_batch_size` (and with `use_dynamic_bsz`,
   `actor_` / `ref_` / `update_max_packing_token_size`) are `rl_config` keys here too.

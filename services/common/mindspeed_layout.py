@@ -403,13 +403,6 @@ def translate(data: dict, base_dir: pathlib.Path) -> Translation:
     if "filter_groups_train_batch_size" in rl and not rl.get("filter_groups_enable"):
         out.changes.append(f"rl_config.filter_groups_train_batch_size: {rl.pop('filter_groups_train_batch_size')!r} dropped: "
                            "dynamic sampling is off (filter_groups_enable)")
-    if "filter_groups_train_batch_size" in rl:
-        value, gbs = rl.pop("filter_groups_train_batch_size"), actor.get("global_batch_size", 1)
-        if value != gbs:
-            out.errors.append(f"rl_config.filter_groups_train_batch_size: {value} differs from megatron_training."
-                              f"global_batch_size {gbs}; dynamic sampling fills one global batch of groups")
-        else:
-            out.changes.append("rl_config.filter_groups_train_batch_size dropped: dynamic sampling fills global_batch_size groups, the same")
     metric = rl.get("filter_groups_metric")
     if not rl.get("filter_groups_enable") and isinstance(metric, str) and metric not in SAMPLE_METRICS:
         del rl["filter_groups_metric"]

@@ -25,8 +25,10 @@ class Workers:
     """Rollout and reward in one thread: each response is the prompt's first token, every token of
     it tagged with `self.version`."""
 
-    def __init__(self, dock, fail_rows: set[int] = frozenset()):
+    def __init__(self, dock, fail_rows: set[int] = frozenset(), uniform_even_prompts: bool = False):
         self.dock, self.version, self.stop = dock, 0, threading.Event()
+        # The groups of even prompts all score 1 (no signal: dynamic sampling drops them); the others' scores differ.
+        self.uniform_even_prompts = uniform_even_prompts
         # These rows end "failed", as the rollout worker stores a row the engine refused; they keep a token
         # (one an earlier partial-rollout split gave them), so only the finish reason marks them.
         self.fail_rows = set(fail_rows)
@@ -57,7 +59,8 @@ class Workers:
                     lease=claim.lease)
             claim = self.dock.claim("rule_reward", ["responses"], N, timeout_s=0.05)
             if claim is not None:
-                scores = [float(i % 2) for i in claim.indexes]
+                scores = [1.0 if self.uniform_even_prompts and r[0] % 2 == 0 else float(i % 2)
+                          for i, r in zip(claim.indexes, claim.columns["responses"])]
                 parts = [np.array([score, 0.5], np.float32) for score in scores]  # two verifiers: the score, and 0.5 for all
                 self.dock.put(claim.indexes, {"rm_scores": scores, "rm_parts": parts}, lease=claim.lease)
 
@@ -175,3 +178,23 @@ def test_a_batch_held_through_an_update_longer_than_the_lease_is_renewed_and_ack
         with pytest.raises(StaleLease):
             ack_batch(dock, batch)
 
+
+def test_dynamic_sampling_draws_rounds_of_gbs_prompts_until_the_train_batch_of_groups_is_kept(dock_factory):
+    """DAPO as MindSpeed-RL configures it: filter_groups_train_batch_size groups per update, generated GBS prompts a
+    round; here the groups of even prompts score the same and are dropped, so 3 groups take more than one round of 2."""
+    cfg = config_from_dict({"megatron_training": {"global_batch_size": GBS},
+                            "rl_config": {"n_samples_per_prompt": N, "filter_groups_enable": True, "filter_groups_train_batch_size": 3,
+                                          "filter_groups_max_batches": -1},
+                            "trainer": {"rollout_timeout_s": 20}})
+    assert cfg.rl_config.mini_batch_size == 3 * N  # one update over the kept groups
+    dock = dock_factory(DockLayout.from_config(cfg))
+    stream = PromptStream([PromptRecord(i, str(i), [i + 1], str(i)) for i in range(50)], seed=1)
+    books = RunAccounting()
+    with Workers(dock, uniform_even_prompts=True):
+        batch, metrics = collect_iteration(dock, stream, books, cfg, 0)
+    assert len(batch) == 3 * N
+    groups = [batch.samples[g * N:(g + 1) * N] for g in range(3)]
+    assert all(len({s.score for s in group}) == N for group in groups)  # only groups whose scores differ train
+    assert metrics["dynamic_sampling/kept_groups"] == 3 and metrics["dynamic_sampling/rounds"] >= 2
+    assert metrics["dynamic_sampling/dropped_groups"] == metrics["dynamic_sampling/rounds"] * GBS - 3 >= 1
+    assert books.rows_trained == 3 * N and books.rows_dropped == metrics["dynamic_sampling/dropped_groups"] * N

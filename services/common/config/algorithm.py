@@ -53,6 +53,7 @@ class RLConfig:
     filter_groups_enable: bool = False  # DAPO dynamic sampling: drop groups whose metric has std 0
     filter_groups_metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"  # the per-sample metric dynamic sampling looks at: acc | score | seq_reward | seq_final_reward, each the sample's reward here
     filter_groups_max_batches: int = 10  # prompt batches dynamic sampling may draw per iteration; -1: no limit
+    filter_groups_train_batch_size: NonNegativeInt = 0  # DAPO: groups one update trains, kept over as many rounds of global_batch_size prompts as it takes (MindSpeed-RL's key); 0: global_batch_size
     verifier_function: tuple[str, ...] = ("base_acc",)  # rule verifiers, and `reward_model` for reward_config's model, summed into the reward
     verifier_weight: tuple[float, ...] = (1.0,)  # one weight per verifier_function entry
     verifier_parallel: PositiveInt = 1  # verifier worker processes per reward replica

@@ -57,7 +57,7 @@ def _derive_dispatch_sizes(cfg: Config, errors: list[str]) -> Config:
         if given and given % n:
             errors.append(f"rl_config.{key}: {given} is not a multiple of n_samples_per_prompt={n} (groups travel whole)")
     if rl.mini_batch_size is None:
-        values["mini_batch_size"] = total
+        values["mini_batch_size"] = cfg.trained_samples_per_iteration
     return dataclasses.replace(cfg, rl_config=dataclasses.replace(rl, **values))
 
 
@@ -126,6 +126,9 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     if rl.use_kl_in_reward and rl.adv_estimator == "group_norm":
         errors.append("rl_config.use_kl_in_reward: group_norm advantages normalise each group's rewards, so a KL subtracted "
                       "from them does not reach the update; use adv_estimator: gae, or the KL in the loss (use_kl_in_reward: false)")
+    if rl.filter_groups_train_batch_size and not rl.filter_groups_enable:
+        errors.append(f"rl_config.filter_groups_train_batch_size: {rl.filter_groups_train_batch_size} has no effect without "
+                      "filter_groups_enable (every generated group trains); remove it or enable dynamic sampling")
     if rl.filter_groups_max_batches == 0 or rl.filter_groups_max_batches < -1:
         errors.append(f"rl_config.filter_groups_max_batches: must be -1 (no limit) or >= 1, got {rl.filter_groups_max_batches}")
     if rl.use_wandb and not rl.wandb_project:
@@ -158,10 +161,12 @@ def _validate(cfg: Config, errors: list[str]) -> None:
     _validate_virtual_pipeline(cfg, errors)
     _validate_multi_turn(cfg, errors)
     if rl.mini_batch_size is not None:
-        total = cfg.samples_per_iteration
+        total = cfg.trained_samples_per_iteration
         if rl.mini_batch_size <= 0 or total % rl.mini_batch_size:
+            trained = ("filter_groups_train_batch_size" if rl.filter_groups_enable and rl.filter_groups_train_batch_size
+                       else "global_batch_size")
             errors.append(
-                f"rl_config.mini_batch_size: {rl.mini_batch_size} must divide global_batch_size * "
+                f"rl_config.mini_batch_size: {rl.mini_batch_size} must divide {trained} * "
                 f"n_samples_per_prompt = {total}"
             )
         elif rl.mini_batch_size % (mt.micro_batch_size * cfg.actor_data_parallel_size):
@@ -338,13 +343,13 @@ def _validate_virtual_pipeline(cfg: Config, errors: list[str]) -> None:
     if mt.context_parallel_size > 1:
         errors.append(f"{key}: not built with context_parallel_size > 1 (the schedule's one activation shape would have to "
                       "pad each CP rank's share); set one of them to 1 (or null)")
-    rows = cfg.samples_per_iteration // cfg.actor_data_parallel_size  # a rank's rows in a log-prob pass
+    rows = cfg.trained_samples_per_iteration // cfg.actor_data_parallel_size  # a rank's rows in a log-prob pass
     for name in ("actor_forward_micro_batch_size", "ref_forward_micro_batch_size"):
         size = getattr(rl, name)
         if size and not rl.use_dynamic_bsz and pp >= 2 and (rows % size or (rows // size) % pp):
             errors.append(f"rl_config.{name}: {size}; the interleaved schedule needs each rank's {rows} rows of a log-prob pass "
                           f"cut into a multiple of pipeline_model_parallel_size {pp} micro-batches of this size")
-    mini = rl.mini_batch_size or cfg.samples_per_iteration
+    mini = rl.mini_batch_size or cfg.trained_samples_per_iteration
     if rl.use_dynamic_bsz:
         # Token-budget micro-batches are cut until their count is a multiple of PP (logprobs.micro_batches), which a
         # rank's rows of a mini-batch always allow when they are a multiple of PP themselves.

@@ -70,6 +70,14 @@ class Config:
         return self.megatron_training.global_batch_size * self.rl_config.n_samples_per_prompt
 
     @property
+    def trained_samples_per_iteration(self) -> int:
+        """Samples one update trains: GBS * n, or with DAPO's dynamic sampling filter_groups_train_batch_size * n
+        (groups kept over as many rounds of GBS prompts as it takes)."""
+        rl = self.rl_config
+        groups = (rl.filter_groups_train_batch_size if rl.filter_groups_enable else 0) or self.megatron_training.global_batch_size
+        return groups * rl.n_samples_per_prompt
+
+    @property
     def admitted_groups(self) -> int:
         """Untrained groups the trainer keeps in the dock, AReaL's admission bound: (max_staleness + 1) * GBS,
         one GBS more under partial rollout (room for the carry-over of unfinished groups)."""

@@ -201,8 +201,9 @@ def collection_rounds(dock: Dock, stream, accounting: RunAccounting, cfg, versio
     A generator, like `scored_group_rounds`: it yields at each wait round and returns (batch, metrics).
     `version` is the policy version this iteration trains; `groups_left` the groups the run's
     remaining iterations train (no prompt is admitted past them). With DAPO's dynamic sampling
-    (rl_config.filter_groups_enable), groups whose samples all scored the same are dropped and more
-    prompts are drawn, up to filter_groups_max_batches rounds.
+    (rl_config.filter_groups_enable), groups whose samples all scored the same are dropped and rounds of GBS
+    prompts are drawn until filter_groups_train_batch_size groups (0: GBS) are kept, up to filter_groups_max_batches
+    rounds.
     """
     from services.trainer.algorithm.dynamic_sampling import DynamicSampler
 
@@ -247,17 +248,20 @@ def collection_rounds(dock: Dock, stream, accounting: RunAccounting, cfg, versio
         return batch, {}
     import torch
 
-    sampler = DynamicSampler(gbs, n, rl.filter_groups_max_batches)
+    sampler = DynamicSampler(rl.filter_groups_train_batch_size or gbs, n, rl.filter_groups_max_batches)
+    generated = 0
     kept = ScoredBatch()
     while not sampler.done:
         batch = yield from one_round()
         ack_batch(dock, batch)
+        generated += len(batch) // n
         picked = sampler.add(torch.tensor(batch.scores))
         kept.add_groups(batch, picked, n)
         accounting.record_trained(len(picked) * n, len(batch) - len(picked) * n, n)
     if not kept.indexes:
         raise RuntimeError(f"rl_config.filter_groups_max_batches: {sampler.batches_seen} batches gave no group whose scores differ")
-    return kept, {"dynamic_sampling/rounds": sampler.batches_seen, "dynamic_sampling/kept_groups": len(kept) // n}
+    return kept, {"dynamic_sampling/rounds": sampler.batches_seen, "dynamic_sampling/kept_groups": len(kept) // n,
+                  "dynamic_sampling/dropped_groups": generated - len(kept) // n}
 
 
 class HeldBatch:

@@ -143,7 +143,7 @@ class TrainerSession:
             ref_model.eval()
             ref_model.requires_grad_(False)
         update_cfg = UpdateConfig.from_config(cfg)
-        steps_per_iter = rl.epochs * (cfg.samples_per_iteration // update_cfg.mini_batch_size)
+        steps_per_iter = rl.epochs * (cfg.trained_samples_per_iteration // update_cfg.mini_batch_size)
         optimizer = build_optimizer(model, mt, mt.train_iters * steps_per_iter)
         control = TrainerControl(mt.train_iters)
         estimator = build_estimator(EstimatorSetup(cfg, layout, hf_state, dtype, mt.train_iters * steps_per_iter))
