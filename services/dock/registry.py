@@ -31,7 +31,7 @@ class Replica:
 
     replica_id: str
     address: str  # host:port its gRPC server listens on
-    kind: str  # rollout | reward | trainer
+    kind: str  # rollout | reward | sandbox | trainer
     version: int  # policy version it serves
     heartbeat_ms: int  # the replica's wall clock (ms since the epoch) at its last heartbeat
 
