@@ -115,3 +115,21 @@ def test_a_malformed_hermes_call_is_a_parse_error(tokenizer, body):
     parsed = HermesParser(tokenizer).parse(f"<tool_call>{body}</tool_call>")
     assert parsed.calls == () and parsed.has_calls
     assert parsed.errors == ("a <tool_call> call that is not JSON with a name and arguments",)
+
+
+def test_a_malformed_call_in_an_episode_logs_no_traceback_but_vllms_own_parsing_still_does(tokenizer):
+    import logging
+
+    parser = HermesParser(tokenizer)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    vllm_log = logging.getLogger(type(parser.parser).__module__)
+    vllm_log.addHandler(handler)
+    try:
+        assert parser.parse("<tool_call>[]</tool_call>").errors  # counted and shown to the model: no traceback in the log
+        assert records == []
+        parser.parser.extract_tool_calls("<tool_call>[]</tool_call>", request=None)  # as vLLM's OpenAI server calls it
+        assert [r.levelname for r in records] == ["ERROR"] and records[0].exc_info
+    finally:
+        vllm_log.removeHandler(handler)

@@ -8,6 +8,8 @@ the environment shows it to the model as an observation.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from dataclasses import dataclass
 
 
@@ -83,6 +85,22 @@ class TagParser:
         return ParsedTurn(tuple(calls), tuple(errors))
 
 
+class _QuietWhileParsing(logging.Filter):
+    """Drops the records vLLM's parser logs while an episode's turn is parsed on this thread: it logs a whole
+    traceback for each call it cannot read, which the episode already counts and shows the model. Its records
+    from anywhere else (vLLM's OpenAI server on the same replica) pass."""
+
+    def __init__(self):
+        super().__init__()
+        self.threads: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return threading.get_ident() not in self.threads
+
+
+_QUIET = _QuietWhileParsing()
+
+
 class HermesParser:
     """vLLM's hermes tool parser (`ToolParserManager.get_tool_parser("hermes")`) over a whole turn.
 
@@ -94,11 +112,18 @@ class HermesParser:
 
         self.parser = ToolParserManager.get_tool_parser("hermes")(tokenizer)
         self.start, self.end = self.parser.tool_call_start_token, self.parser.tool_call_end_token
+        parser_log = logging.getLogger(type(self.parser).__module__)
+        if _QUIET not in parser_log.filters:
+            parser_log.addFilter(_QUIET)
 
     def parse(self, text: str) -> ParsedTurn:
         """The calls written in `text`."""
         # The hermes parser reads only the text (its request argument is for streaming and request tweaks).
-        info = self.parser.extract_tool_calls(text, request=None)
+        _QUIET.threads.add(threading.get_ident())
+        try:
+            info = self.parser.extract_tool_calls(text, request=None)
+        finally:
+            _QUIET.threads.discard(threading.get_ident())
         if not info.tools_called:
             opened = self.start in text
             return ParsedTurn(errors=(f"a {self.start} call that is not JSON with a name and arguments",) if opened else ())
