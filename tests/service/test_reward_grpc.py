@@ -70,7 +70,7 @@ def test_the_code_verifier_is_refused_and_unlisted_without_a_sandbox(stub):
                                               verifier_function=["sandbox_fusion"]), timeout=30)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert exc.value.details() == ("verifier_function: sandbox_fusion runs programs in the sandbox service and this server has "
-                                   "none (reward.sandbox_address is empty)")
+                                   "none (reward.sandbox_address is empty and rl_config.verifier_function does not list it)")
 
 
 def test_list_verifiers(stub):
