@@ -190,7 +190,7 @@ def serve(cfg: Config, host: str | None, port: int | None, replica_index: int, d
     token = resolve_token(cfg.auth)
     host = host or cfg.sandbox.host
     entry = _registry_entry(cfg, token, f"sandbox-{uuid.uuid4().hex[:8]}") if dock else None  # a bad dock config fails first
-    server = start_server(cfg, host, cfg.sandbox.grpc_port + replica_index if port is None else port, token, replica_index)
+    server = start_server(cfg, host, cfg.sandbox.port(replica_index) if port is None else port, token, replica_index)
     if ready_file:
         write_ready_file(ready_file, grpc_port=server.port)
     print(f"sandbox server listening on {host}:{server.port}", flush=True)

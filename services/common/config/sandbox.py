@@ -31,8 +31,12 @@ class SandboxConfig:
     max_batch: PositiveInt = 256  # programs per ExecuteBatch request; more is INVALID_ARGUMENT
     max_request_mb: PositiveInt = 64  # gRPC receive limit for one request
 
+    def port(self, replica_index: int) -> int:
+        """The port replica `replica_index` serves on by default: grpc_port + the index."""
+        return self.grpc_port + replica_index
+
     def address(self, index: int = 0) -> str:
         """host:port of the run's sandbox replica `index` (modulo replicas), as `dockrl up` starts them; the address
         a client takes when its own key (reward.sandbox_address, rollout.multi_turn.sandbox_address) is empty."""
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"{host}:{self.grpc_port + index % self.replicas}"
+        return f"{host}:{self.port(index % self.replicas)}"
