@@ -126,8 +126,8 @@ class RunLeader:
         rounds = collection_rounds(self.dock, self.stream, books, self.cfg, version,
                                    groups_left=(mt.train_iters - step + 1) * mt.global_batch_size)
         while True:
-            if lagging := self.sync.lagging(version):
-                yield CatchUp(tuple(lagging))
+            if (catch_up := self.lagging(version)).replicas:
+                yield catch_up
             try:
                 next(rounds)  # to the next wait round
             except StopIteration as done:
